@@ -1,0 +1,70 @@
+// Environment settings. Each one is declared once, in the file that uses it:
+//
+//   BRAID_SETTING_INT(kSlotBytes, "BRAID_SHM_SLOT_BYTES", 1 << 20,
+//                     "Bytes of data in each shared-memory slot.");
+//   ...
+//   size_t n = kSlotBytes.get();
+//
+// Declaration registers the setting, so `python -m torch_braid.info` can list
+// every one with its default and doc. get() reads the environment each call:
+// values are read when a group is created, so a process can sweep them.
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+namespace braid {
+
+struct SettingInfo {
+  const char* name;
+  const char* type;  // "int", "bool", "string"
+  std::string defaultValue;
+  const char* doc;
+  std::string currentValue() const;  // the environment's value, or the default
+};
+
+// Every setting declared in the loaded libraries, sorted by name.
+std::vector<SettingInfo> allSettings();
+
+namespace detail {
+void registerSetting(const SettingInfo& info);
+}
+
+class IntSetting {
+ public:
+  IntSetting(const char* name, int64_t def, const char* doc);
+  int64_t get() const;
+  const char* name() const { return name_; }
+
+ private:
+  const char* name_;
+  int64_t default_;
+};
+
+class BoolSetting {
+ public:
+  BoolSetting(const char* name, bool def, const char* doc);
+  bool get() const;
+
+ private:
+  const char* name_;
+  bool default_;
+};
+
+class StringSetting {
+ public:
+  StringSetting(const char* name, const char* def, const char* doc);
+  std::string get() const;
+
+ private:
+  const char* name_;
+  const char* default_;
+};
+
+}  // namespace braid
+
+#define BRAID_SETTING_INT(var, name, def, doc) static const ::braid::IntSetting var(name, def, doc)
+#define BRAID_SETTING_BOOL(var, name, def, doc) static const ::braid::BoolSetting var(name, def, doc)
+#define BRAID_SETTING_STRING(var, name, def, doc) \
+  static const ::braid::StringSetting var(name, def, doc)
