@@ -1,0 +1,15 @@
+// Host identity, to decide per group which ranks share memory.
+#pragma once
+
+#include <string>
+
+namespace braid {
+namespace transport {
+
+// hostname + boot id + pid namespace: two processes with the same identity
+// can map each other's shared memory and see each other's pids.
+// BRAID_HOST_ID_OVERRIDE replaces it (tests simulate several hosts with it).
+std::string hostIdentity();
+
+}  // namespace transport
+}  // namespace braid

@@ -1,0 +1,92 @@
+#include "transport/shm/futex.h"
+
+#include <linux/futex.h>
+#include <sched.h>
+#include <sys/syscall.h>
+#include <time.h>
+#include <unistd.h>
+
+#include <climits>
+
+#include "common/settings.h"
+
+namespace braid {
+namespace transport {
+namespace shm {
+
+BRAID_SETTING_INT(kSpinUs, "BRAID_SHM_SPIN_US", 20,
+                  "Microseconds a waiting rank spins before it sleeps on a futex.");
+
+namespace {
+
+long futex(std::atomic<uint32_t>* addr, int op, uint32_t val, const struct timespec* ts) {
+  // Not FUTEX_PRIVATE: the word lives in memory shared between processes.
+  return syscall(SYS_futex, reinterpret_cast<uint32_t*>(addr), op, val, ts, nullptr, 0);
+}
+
+int64_t spinNanos() {
+  static const int64_t ns = kSpinUs.get() * 1000;
+  return ns;
+}
+
+}  // namespace
+
+void cpuRelax() {
+#if defined(__x86_64__) || defined(__i386__)
+  __builtin_ia32_pause();
+#elif defined(__aarch64__)
+  asm volatile("yield" ::: "memory");
+#endif
+}
+
+void Counter::publish(uint64_t v) {
+  value.store(v, std::memory_order_release);
+  poke();
+}
+
+void Counter::poke() {
+  // seq_cst on both sides: either the sleeper sees the new word, or we see it
+  // registered as a sleeper (see sleepOnWord).
+  futexWord.fetch_add(1, std::memory_order_seq_cst);
+  if (sleepers.load(std::memory_order_seq_cst) > 0) {
+    futex(&futexWord, FUTEX_WAKE, INT_MAX, nullptr);
+  }
+}
+
+void sleepOnWord(Counter& c, uint32_t seen, std::chrono::microseconds slice) {
+  struct timespec ts;
+  ts.tv_sec = slice.count() / 1000000;
+  ts.tv_nsec = (slice.count() % 1000000) * 1000;
+  c.sleepers.fetch_add(1, std::memory_order_seq_cst);
+  if (c.futexWord.load(std::memory_order_seq_cst) == seen) {
+    futex(&c.futexWord, FUTEX_WAIT, seen, &ts);
+  }
+  c.sleepers.fetch_sub(1, std::memory_order_seq_cst);
+}
+
+WaitResult waitAtLeast(Counter& c, uint64_t target, std::chrono::microseconds slice) {
+  if (c.value.load(std::memory_order_acquire) >= target) return WaitResult::kReached;
+  struct timespec t0;
+  clock_gettime(CLOCK_MONOTONIC, &t0);
+  const int64_t budget = spinNanos();
+  for (int i = 1;; ++i) {
+    cpuRelax();
+    if (c.value.load(std::memory_order_acquire) >= target) return WaitResult::kReached;
+    if ((i & 255) == 0) {
+      struct timespec t;
+      clock_gettime(CLOCK_MONOTONIC, &t);
+      int64_t elapsed = (t.tv_sec - t0.tv_sec) * 1000000000LL + (t.tv_nsec - t0.tv_nsec);
+      if (elapsed > budget) break;
+      sched_yield();
+    }
+  }
+  uint32_t seen = c.futexWord.load(std::memory_order_seq_cst);
+  if (c.value.load(std::memory_order_acquire) >= target) return WaitResult::kReached;
+  sleepOnWord(c, seen, slice);
+  return c.value.load(std::memory_order_acquire) >= target ? WaitResult::kReached
+                                                            : WaitResult::kTimedOut;
+}
+
+}  // namespace shm
+}  // namespace transport
+}  // namespace braid

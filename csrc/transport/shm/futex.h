@@ -1,0 +1,45 @@
+// A published counter in shared memory that waiters can sleep on.
+//
+// Note [Spin, then sleep]
+// A waiter first spins for BRAID_SHM_SPIN_US (a few microseconds: the common
+// case with one rank per core), then sleeps on a process-shared futex. The
+// publisher only makes the wake syscall when someone sleeps. With more ranks
+// than cores (4 ranks on 2 cores) spinning would steal the core from the very
+// peer being waited for, so the spin yields and is kept short.
+#pragma once
+
+#include <atomic>
+#include <chrono>
+#include <cstdint>
+
+namespace braid {
+namespace transport {
+namespace shm {
+
+struct alignas(64) Counter {
+  std::atomic<uint64_t> value{0};
+  char pad0[56];
+  std::atomic<uint32_t> futexWord{0};  // bumped on every publish
+  std::atomic<uint32_t> sleepers{0};
+  char pad1[56];
+
+  void publish(uint64_t v);
+  // Wakes sleepers without changing the value (abort, close, channel activity).
+  void poke();
+};
+static_assert(sizeof(Counter) == 128, "Counter must be two cache lines");
+
+enum class WaitResult { kReached, kTimedOut };
+
+// Waits until c.value >= target, for at most `slice`. Spins first, then sleeps.
+WaitResult waitAtLeast(Counter& c, uint64_t target, std::chrono::microseconds slice);
+
+// Sleeps until the futex word changes from `seen` or the slice passes.
+void sleepOnWord(Counter& c, uint32_t seen, std::chrono::microseconds slice);
+
+// One spin iteration's pause.
+void cpuRelax();
+
+}  // namespace shm
+}  // namespace transport
+}  // namespace braid

@@ -1,0 +1,78 @@
+// A single-producer single-consumer byte ring in shared memory.
+#pragma once
+
+#include <algorithm>
+#include <atomic>
+#include <cstring>
+
+#include "transport/shm/futex.h"
+#include "transport/window.h"
+
+namespace braid {
+namespace transport {
+namespace shm {
+
+struct alignas(64) RingHeader {
+  std::atomic<uint64_t> head{0};  // bytes ever written; owned by the writer
+  char pad0[56];
+  std::atomic<uint64_t> tail{0};  // bytes ever read; owned by the reader
+  char pad1[56];
+};
+
+class RingChannel : public ByteChannel {
+ public:
+  // `wakeOther` is the activity counter of the rank at the other end.
+  RingChannel(RingHeader* h, uint8_t* buf, size_t cap, Counter* wakeOther)
+      : h_(h), buf_(buf), cap_(cap), wakeOther_(wakeOther) {}
+
+  size_t write(const void* src, size_t n) override {
+    uint64_t head = h_->head.load(std::memory_order_relaxed);
+    uint64_t tail = h_->tail.load(std::memory_order_acquire);
+    n = std::min<size_t>(n, cap_ - (head - tail));
+    if (n == 0) return 0;
+    copyRing(buf_, head % cap_, static_cast<const uint8_t*>(src), n, true);
+    h_->head.store(head + n, std::memory_order_release);
+    wakeOther_->poke();
+    return n;
+  }
+
+  size_t read(void* dst, size_t n) override {
+    uint64_t tail = h_->tail.load(std::memory_order_relaxed);
+    uint64_t head = h_->head.load(std::memory_order_acquire);
+    n = std::min<size_t>(n, head - tail);
+    if (n == 0) return 0;
+    copyRing(buf_, tail % cap_, static_cast<uint8_t*>(dst), n, false);
+    h_->tail.store(tail + n, std::memory_order_release);
+    wakeOther_->poke();
+    return n;
+  }
+
+  size_t readable() const override {
+    return h_->head.load(std::memory_order_acquire) - h_->tail.load(std::memory_order_relaxed);
+  }
+  size_t capacity() const override { return cap_; }
+
+ private:
+  void copyRing(uint8_t* ring, size_t off, uint8_t* user, size_t n, bool intoRing) {
+    size_t first = std::min(n, cap_ - off);
+    if (intoRing) {
+      std::memcpy(ring + off, user, first);
+      std::memcpy(ring, user + first, n - first);
+    } else {
+      std::memcpy(user, ring + off, first);
+      std::memcpy(user + first, ring, n - first);
+    }
+  }
+  void copyRing(uint8_t* ring, size_t off, const uint8_t* user, size_t n, bool intoRing) {
+    copyRing(ring, off, const_cast<uint8_t*>(user), n, intoRing);
+  }
+
+  RingHeader* h_;
+  uint8_t* buf_;
+  size_t cap_;
+  Counter* wakeOther_;
+};
+
+}  // namespace shm
+}  // namespace transport
+}  // namespace braid

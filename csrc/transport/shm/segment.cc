@@ -1,0 +1,129 @@
+#include "transport/shm/segment.h"
+
+#include <dirent.h>
+#include <fcntl.h>
+#include <signal.h>
+#include <sys/mman.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <cerrno>
+#include <cstring>
+#include <random>
+#include <utility>
+
+#include "common/error.h"
+
+namespace braid {
+namespace transport {
+namespace shm {
+
+namespace {
+
+std::string pidNamespaceTag() {
+  struct stat st;
+  if (stat("/proc/self/ns/pid", &st) == 0) return std::to_string(st.st_ino);
+  return "0";
+}
+
+std::string freshName() {
+  static thread_local std::mt19937_64 rng(std::random_device{}() ^
+                                          (uint64_t(getpid()) << 32) ^ uint64_t(time(nullptr)));
+  char buf[32];
+  snprintf(buf, sizeof(buf), "%016llx", static_cast<unsigned long long>(rng()));
+  return "/braid." + pidNamespaceTag() + "." + std::to_string(getpid()) + "." + buf;
+}
+
+uint8_t* mapFd(int fd, size_t bytes, const std::string& name) {
+  void* p = mmap(nullptr, bytes, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
+  if (p == MAP_FAILED) {
+    int e = errno;
+    close(fd);
+    throw Error(strCat("braid shm: mmap of ", name, " (", bytes, " bytes) failed: ",
+                       std::strerror(e)));
+  }
+  close(fd);
+  return static_cast<uint8_t*>(p);
+}
+
+}  // namespace
+
+Segment::~Segment() {
+  unlink();
+  if (base_) munmap(base_, bytes_);
+}
+
+Segment& Segment::operator=(Segment&& o) noexcept {
+  if (this != &o) {
+    unlink();
+    if (base_) munmap(base_, bytes_);
+    name_ = std::move(o.name_);
+    base_ = std::exchange(o.base_, nullptr);
+    bytes_ = std::exchange(o.bytes_, 0);
+    linked_ = std::exchange(o.linked_, false);
+  }
+  return *this;
+}
+
+Segment Segment::create(size_t bytes) {
+  Segment s;
+  for (int attempt = 0;; ++attempt) {
+    s.name_ = freshName();
+    int fd = shm_open(s.name_.c_str(), O_CREAT | O_EXCL | O_RDWR, 0600);
+    if (fd < 0 && errno == EEXIST && attempt < 8) continue;
+    if (fd < 0) {
+      throw Error(strCat("braid shm: cannot create ", s.name_, ": ", std::strerror(errno)));
+    }
+    s.linked_ = true;
+    if (ftruncate(fd, static_cast<off_t>(bytes)) != 0) {
+      int e = errno;
+      close(fd);
+      s.unlink();
+      throw Error(strCat("braid shm: cannot size ", s.name_, " to ", bytes,
+                         " bytes: ", std::strerror(e), " (is /dev/shm large enough?)"));
+    }
+    s.bytes_ = bytes;
+    s.base_ = mapFd(fd, bytes, s.name_);
+    return s;
+  }
+}
+
+Segment Segment::open(const std::string& name, size_t bytes) {
+  Segment s;
+  int fd = shm_open(name.c_str(), O_RDWR, 0600);
+  if (fd < 0) throw Error(strCat("braid shm: cannot open ", name, ": ", std::strerror(errno)));
+  struct stat st;
+  if (fstat(fd, &st) != 0 || static_cast<size_t>(st.st_size) < bytes) {
+    close(fd);
+    throw Error(strCat("braid shm: ", name, " has ", st.st_size, " bytes, expected ", bytes,
+                       " (do the ranks use different BRAID_SHM_* settings?)"));
+  }
+  s.name_ = name;
+  s.bytes_ = bytes;
+  s.base_ = mapFd(fd, bytes, name);
+  return s;
+}
+
+void Segment::unlink() {
+  if (linked_) {
+    shm_unlink(name_.c_str());
+    linked_ = false;
+  }
+}
+
+void sweepStale() {
+  const std::string prefix = "braid." + pidNamespaceTag() + ".";
+  DIR* d = opendir("/dev/shm");
+  if (!d) return;
+  while (struct dirent* e = readdir(d)) {
+    std::string n = e->d_name;
+    if (n.compare(0, prefix.size(), prefix) != 0) continue;
+    pid_t pid = static_cast<pid_t>(atol(n.c_str() + prefix.size()));
+    if (pid > 0 && kill(pid, 0) != 0 && errno == ESRCH) shm_unlink(("/" + n).c_str());
+  }
+  closedir(d);
+}
+
+}  // namespace shm
+}  // namespace transport
+}  // namespace braid

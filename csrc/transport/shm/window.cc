@@ -1,0 +1,250 @@
+#include "transport/shm/window.h"
+
+#include <signal.h>
+#include <unistd.h>
+
+#include <cerrno>
+#include <sstream>
+
+#include "common/error.h"
+#include "common/logging.h"
+#include "common/settings.h"
+#include "transport/shm/ring.h"
+
+namespace braid {
+namespace transport {
+namespace shm {
+
+BRAID_SETTING_INT(kSlotBytes, "BRAID_SHM_SLOT_BYTES", 1 << 20,
+                  "Data bytes per shared-memory slot: the chunk size of pipelined collectives.");
+BRAID_SETTING_INT(kChannelBytes, "BRAID_SHM_P2P_BYTES", 256 << 10,
+                  "Bytes of each point-to-point ring (one per ordered pair of ranks).");
+
+namespace {
+constexpr uint64_t kMagic = 0x62726169642d7731ULL;  // "braid-w1"
+constexpr size_t kHeaderBytes = 4096;
+constexpr std::chrono::milliseconds kLivenessPeriod{100};
+
+size_t roundUp(size_t x, size_t a) { return (x + a - 1) / a * a; }
+
+std::vector<uint8_t> bytesOf(const std::string& s) { return {s.begin(), s.end()}; }
+std::string stringOf(const std::vector<uint8_t>& v) { return {v.begin(), v.end()}; }
+
+std::string rankList(const std::vector<int>& ranks) {
+  std::ostringstream os;
+  os << '[';
+  for (size_t i = 0; i < ranks.size(); ++i) os << (i ? ", " : "") << ranks[i];
+  os << ']';
+  return os.str();
+}
+}  // namespace
+
+struct ShmWindow::RankHeader {
+  Counter step;      // the last step this rank published
+  Counter activity;  // poked when a peer touches one of this rank's channels
+  uint64_t magic;
+  uint64_t totalBytes;
+  int32_t pid;
+  std::atomic<int32_t> closed;
+};
+
+ShmWindow::ShmWindow(int rank, int size, size_t slotBytes, size_t controlBytes,
+                     size_t channelBytes)
+    : rank_(rank),
+      size_(size),
+      slotBytes_(slotBytes),
+      controlBytes_(controlBytes),
+      channelBytes_(channelBytes) {
+  controlOffset_ = kHeaderBytes;
+  dataOffset_ = roundUp(controlOffset_ + kSlots * controlBytes_, 4096);
+  channelOffset_ = roundUp(dataOffset_ + kSlots * slotBytes_, 4096);
+  totalBytes_ = channelOffset_ + size_ * (sizeof(RingHeader) + channelBytes_);
+}
+
+std::unique_ptr<ShmWindow> ShmWindow::create(Store& store, int rank, int size,
+                                             const WindowOptions& opts) {
+  size_t slot = opts.slotBytes ? opts.slotBytes : static_cast<size_t>(kSlotBytes.get());
+  size_t chan = opts.channelBytes ? opts.channelBytes : static_cast<size_t>(kChannelBytes.get());
+  BRAID_ENFORCE(slot >= 4096 && slot % 64 == 0, "init", rank,
+                "BRAID_SHM_SLOT_BYTES must be a multiple of 64 and at least 4096, got ", slot);
+  BRAID_ENFORCE(slot >= 64 * static_cast<size_t>(size), "init", rank,
+                "BRAID_SHM_SLOT_BYTES must be at least 64 bytes per rank (", 64 * size, "), got ",
+                slot);
+  BRAID_ENFORCE(chan >= 4096, "init", rank, "BRAID_SHM_P2P_BYTES must be at least 4096, got ",
+                chan);
+  // The control area holds an op header plus two uint64 per rank (alltoall sizes).
+  size_t control = roundUp(512 + 16 * static_cast<size_t>(size), 64);
+  std::unique_ptr<ShmWindow> w(new ShmWindow(rank, size, slot, control, chan));
+
+  // Keys carry an incarnation number so that a reused store (file://) never
+  // hands out a name from an earlier group. See Note [Segment lifetime].
+  int64_t ticket = store.add("braid/shm/incarnation", 1);
+  std::string prefix = "braid/shm/" + std::to_string((ticket - 1) / size) + "/";
+  // Everyone arrives before anyone creates a segment, which keeps the window
+  // in which a name exists in /dev/shm as short as possible.
+  store.set(prefix + "here/" + std::to_string(rank), {1});
+  for (int r = 0; r < size; ++r) store.get(prefix + "here/" + std::to_string(r), opts.timeout);
+
+  sweepStale();
+  w->segments_.resize(size);
+  Segment& mine = w->segments_[rank];
+  mine = Segment::create(w->totalBytes_);
+  try {
+    auto* h = new (mine.base()) RankHeader();
+    h->magic = kMagic;
+    h->totalBytes = w->totalBytes_;
+    h->pid = getpid();
+    h->closed.store(0);
+    for (int j = 0; j < size; ++j) {
+      new (mine.base() + w->channelOffset_ + j * (sizeof(RingHeader) + chan)) RingHeader();
+    }
+    store.set(prefix + "name/" + std::to_string(rank), bytesOf(mine.name()));
+    for (int r = 0; r < size; ++r) {
+      if (r == rank) continue;
+      std::string name = stringOf(store.get(prefix + "name/" + std::to_string(r), opts.timeout));
+      w->segments_[r] = Segment::open(name, w->totalBytes_);
+      BRAID_ENFORCE(w->header(r)->magic == kMagic, "init", rank, "segment of rank ", r,
+                    " has a foreign layout");
+    }
+    store.set(prefix + "mapped/" + std::to_string(rank), {1});
+    for (int r = 0; r < size; ++r) store.get(prefix + "mapped/" + std::to_string(r), opts.timeout);
+  } catch (...) {
+    mine.unlink();
+    throw;
+  }
+  mine.unlink();
+  w->layout();
+  BRAID_LOG(kInfo, "shm", rank) << "window ready: " << size << " ranks, " << slot
+                                << " B slots, " << chan << " B p2p rings";
+  return w;
+}
+
+void ShmWindow::layout() {
+  to_.resize(size_);
+  from_.resize(size_);
+  for (int peer = 0; peer < size_; ++peer) {
+    size_t mineOff = channelOffset_ + peer * (sizeof(RingHeader) + channelBytes_);
+    size_t theirsOff = channelOffset_ + rank_ * (sizeof(RingHeader) + channelBytes_);
+    uint8_t* m = segments_[rank_].base() + mineOff;
+    uint8_t* t = segments_[peer].base() + theirsOff;
+    to_[peer] = std::make_unique<RingChannel>(reinterpret_cast<RingHeader*>(m),
+                                              m + sizeof(RingHeader), channelBytes_,
+                                              &header(peer)->activity);
+    from_[peer] = std::make_unique<RingChannel>(reinterpret_cast<RingHeader*>(t),
+                                                t + sizeof(RingHeader), channelBytes_,
+                                                &header(peer)->activity);
+  }
+}
+
+ShmWindow::~ShmWindow() { markClosed(); }
+
+ShmWindow::RankHeader* ShmWindow::header(int r) const {
+  return reinterpret_cast<RankHeader*>(segments_[r].base());
+}
+
+uint8_t* ShmWindow::data(int r, uint64_t step) {
+  return segments_[r].base() + dataOffset_ + (step % kSlots) * slotBytes_;
+}
+
+uint8_t* ShmWindow::control(int r, uint64_t step) {
+  return segments_[r].base() + controlOffset_ + (step % kSlots) * controlBytes_;
+}
+
+uint64_t ShmWindow::published(int r) const {
+  return header(r)->step.value.load(std::memory_order_acquire);
+}
+
+void ShmWindow::publish(uint64_t step) { header(rank_)->step.publish(step); }
+
+bool ShmWindow::peerGone(int peer, std::string* why) {
+  RankHeader* h = header(peer);
+  if (h->closed.load(std::memory_order_acquire)) {
+    if (why) *why = strCat("rank ", peer, " left the group (destroyed it or exited)");
+    return true;
+  }
+  if (h->pid != getpid() && kill(h->pid, 0) != 0 && errno == ESRCH) {
+    if (why) *why = strCat("rank ", peer, " (pid ", h->pid, ") exited");
+    return true;
+  }
+  return false;
+}
+
+void ShmWindow::wait(int peer, uint64_t step, const WaitContext& ctx) {
+  Counter& c = header(peer)->step;
+  if (c.value.load(std::memory_order_acquire) >= step) return;
+  for (;;) {
+    if (aborted_.load(std::memory_order_relaxed)) {
+      BRAID_THROW(PeerLostError, ctx.op, rank_, "the group was shut down while op #", ctx.opSeq,
+                  " waited for rank ", peer);
+    }
+    auto now = Clock::now();
+    auto left = std::chrono::duration_cast<std::chrono::microseconds>(ctx.deadline - now);
+    auto slice = std::min<std::chrono::microseconds>(std::max(left, std::chrono::microseconds(1)),
+                                                     kLivenessPeriod);
+    if (waitAtLeast(c, step, slice) == WaitResult::kReached) return;
+    std::string why;
+    if (peerGone(peer, &why)) {
+      BRAID_THROW(PeerLostError, ctx.op, rank_, why, " while this rank waited for it in op #",
+                  ctx.opSeq);
+    }
+    if (Clock::now() >= ctx.deadline) failWait({peer}, step, ctx);
+  }
+}
+
+void ShmWindow::waitAll(uint64_t step, const WaitContext& ctx) {
+  for (int r = 0; r < size_; ++r) {
+    if (r == rank_) continue;
+    try {
+      wait(r, step, ctx);
+    } catch (const TimeoutError&) {
+      std::vector<int> missing;
+      for (int q = 0; q < size_; ++q) {
+        if (q != rank_ && published(q) < step) missing.push_back(q);
+      }
+      failWait(missing, step, ctx);
+    }
+  }
+}
+
+void ShmWindow::failWait(const std::vector<int>& missing, uint64_t step, const WaitContext& ctx) {
+  BRAID_THROW(TimeoutError, ctx.op, rank_, "timed out after ", ctx.timeout.count(),
+              " ms waiting for rank(s) ", rankList(missing), " (op #", ctx.opSeq, ")");
+}
+
+ByteChannel& ShmWindow::to(int peer) { return *to_.at(peer); }
+ByteChannel& ShmWindow::from(int peer) { return *from_.at(peer); }
+
+uint32_t ShmWindow::activityEpoch() {
+  return header(rank_)->activity.futexWord.load(std::memory_order_seq_cst);
+}
+
+void ShmWindow::waitActivity(uint32_t epoch, std::chrono::microseconds maxWait) {
+  if (aborted_.load()) return;
+  sleepOnWord(header(rank_)->activity, epoch, maxWait);
+}
+
+void ShmWindow::notifyActivity() { header(rank_)->activity.poke(); }
+
+void ShmWindow::abort() {
+  aborted_.store(true);
+  // Wake our own sleepers: they may sleep on any peer's counter.
+  for (int r = 0; r < size_; ++r) {
+    if (segments_[r].base()) {
+      header(r)->step.poke();
+    }
+  }
+  header(rank_)->activity.poke();
+}
+
+void ShmWindow::markClosed() {
+  if (segments_.empty() || !segments_[rank_].base()) return;
+  header(rank_)->closed.store(1, std::memory_order_release);
+  header(rank_)->step.poke();
+  for (int r = 0; r < size_; ++r) {
+    if (r != rank_ && segments_[r].base()) header(r)->activity.poke();
+  }
+}
+
+}  // namespace shm
+}  // namespace transport
+}  // namespace braid

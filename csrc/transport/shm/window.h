@@ -1,0 +1,73 @@
+// The shared-memory Window: one segment per rank, mapped by every peer.
+#pragma once
+
+#include <atomic>
+#include <chrono>
+#include <memory>
+#include <vector>
+
+#include "transport/shm/futex.h"
+#include "transport/shm/segment.h"
+#include "transport/store.h"
+#include "transport/window.h"
+
+namespace braid {
+namespace transport {
+namespace shm {
+
+struct WindowOptions {
+  size_t slotBytes = 0;     // 0: BRAID_SHM_SLOT_BYTES
+  size_t channelBytes = 0;  // 0: BRAID_SHM_P2P_BYTES
+  std::chrono::milliseconds timeout{300000};  // for the rendezvous through the store
+};
+
+class RingChannel;
+
+class ShmWindow : public Window {
+ public:
+  // Collective: every rank of the group calls it with the same store.
+  static std::unique_ptr<ShmWindow> create(Store& store, int rank, int size,
+                                           const WindowOptions& opts);
+  ~ShmWindow() override;
+
+  int rank() const override { return rank_; }
+  int size() const override { return size_; }
+  size_t slotBytes() const override { return slotBytes_; }
+  size_t controlBytes() const override { return controlBytes_; }
+  uint8_t* data(int rank, uint64_t step) override;
+  uint8_t* control(int rank, uint64_t step) override;
+  uint64_t published(int rank) const override;
+  void publish(uint64_t step) override;
+  void wait(int peer, uint64_t step, const WaitContext& ctx) override;
+  void waitAll(uint64_t step, const WaitContext& ctx) override;
+  ByteChannel& to(int peer) override;
+  ByteChannel& from(int peer) override;
+  uint32_t activityEpoch() override;
+  void waitActivity(uint32_t epoch, std::chrono::microseconds maxWait) override;
+  void notifyActivity() override;
+  bool peerGone(int peer, std::string* why) override;
+  void abort() override;
+  void markClosed() override;
+
+ private:
+  struct RankHeader;
+  ShmWindow(int rank, int size, size_t slotBytes, size_t controlBytes, size_t channelBytes);
+  RankHeader* header(int rank) const;
+  void layout();
+  [[noreturn]] void failWait(const std::vector<int>& missing, uint64_t step,
+                             const WaitContext& ctx);
+
+  const int rank_;
+  const int size_;
+  const size_t slotBytes_;
+  const size_t controlBytes_;
+  const size_t channelBytes_;
+  size_t controlOffset_ = 0, dataOffset_ = 0, channelOffset_ = 0, totalBytes_ = 0;
+  std::vector<Segment> segments_;  // by rank; segments_[rank_] is ours
+  std::vector<std::unique_ptr<RingChannel>> to_, from_;
+  std::atomic<bool> aborted_{false};
+};
+
+}  // namespace shm
+}  // namespace transport
+}  // namespace braid
