@@ -1,0 +1,85 @@
+#include <algorithm>
+#include <cstring>
+
+#include "collectives/collectives.h"
+
+namespace braid {
+namespace collectives {
+
+namespace {
+
+// Each rank streams its block through its slots; `everyone` decides whether
+// all ranks copy every block out (allgather) or the root alone (gather).
+void gatherImpl(Communicator& c, const OpDesc& op, const void* in, void* const* outs,
+                bool everyone) {
+  c.beginOp(op);
+  const int n = c.size();
+  const int me = c.rank();
+  const bool collect = everyone || me == op.root;
+  const size_t total = op.bytes();
+  size_t done = 0;
+  bool first = true;
+  while (first || done < total) {
+    size_t len = std::min(c.slotBytes(), total - done);
+    uint64_t s = c.nextStep();
+    std::memcpy(c.slot(me, s), static_cast<const uint8_t*>(in) + done, len);
+    if (first) {
+      c.writeHeader(op, s);
+      c.exchange(op, s);
+    } else {
+      c.publish(s);
+      if (collect) c.waitAll(s);
+    }
+    first = false;
+    if (collect) {
+      for (int r = 0; r < n; ++r) {
+        std::memcpy(static_cast<uint8_t*>(outs[r]) + done, c.slot(r, s), len);
+      }
+    }
+    done += len;
+  }
+}
+
+}  // namespace
+
+void allgather(Communicator& c, const OpDesc& op, const void* in, void* const* outs) {
+  gatherImpl(c, op, in, outs, true);
+}
+
+void gather(Communicator& c, const OpDesc& op, const void* in, void* const* outs) {
+  gatherImpl(c, op, in, outs, false);
+}
+
+// The root writes one piece per rank into its slot; each rank copies its own.
+void scatter(Communicator& c, const OpDesc& op, const void* const* ins, void* out) {
+  c.beginOp(op);
+  const int n = c.size();
+  const int me = c.rank();
+  const bool root = me == op.root;
+  const size_t total = op.bytes();
+  const size_t piece = std::max<size_t>(64, c.slotBytes() / n / 64 * 64);
+  size_t done = 0;
+  bool first = true;
+  while (first || done < total) {
+    size_t len = std::min(piece, total - done);
+    uint64_t s = c.nextStep();
+    if (root) {
+      for (int r = 0; r < n; ++r) {
+        std::memcpy(c.slot(me, s) + r * piece, static_cast<const uint8_t*>(ins[r]) + done, len);
+      }
+    }
+    if (first) {
+      c.writeHeader(op, s);
+      c.exchange(op, s);
+    } else {
+      c.publish(s);
+      if (!root) c.wait(op.root, s);
+    }
+    first = false;
+    std::memcpy(static_cast<uint8_t*>(out) + done, c.slot(op.root, s) + me * piece, len);
+    done += len;
+  }
+}
+
+}  // namespace collectives
+}  // namespace braid

@@ -1,0 +1,102 @@
+#include <cstring>
+#include <vector>
+
+#include "collectives/collectives.h"
+#include "common/settings.h"
+#include "reduce/reduce.h"
+
+namespace braid {
+namespace collectives {
+
+BRAID_SETTING_INT(kOneShotMax, "BRAID_ALLREDUCE_ONESHOT_MAX", 64 << 10,
+                  "Largest allreduce (bytes) done in one step, each rank reducing all inputs; "
+                  "larger ones use reduce-scatter + allgather.");
+
+namespace {
+
+ReduceOp kernelOp(ReduceOp op) { return op == ReduceOp::kAvg ? ReduceOp::kSum : op; }
+
+void finishAvg(const OpDesc& op, int n, void* buf, size_t count) {
+  if (op.redop == ReduceOp::kAvg && count) reduce::divide(op.dtype, buf, buf, n, count);
+}
+
+}  // namespace
+
+void allreduce(Communicator& c, const OpDesc& op, const void* in, void* out) {
+  const size_t oneShotMax = static_cast<size_t>(kOneShotMax.get());
+  if (op.bytes() <= oneShotMax && op.bytes() <= c.slotBytes()) {
+    allreduceOneShot(c, op, in, out);
+  } else {
+    allreduceRsAg(c, op, in, out);
+  }
+}
+
+// One step: every rank publishes its input and reduces all of them. The
+// inputs are combined in rank order on every rank, so all ranks get the same
+// bits.
+void allreduceOneShot(Communicator& c, const OpDesc& op, const void* in, void* out) {
+  c.beginOp(op);
+  const int n = c.size();
+  uint64_t s = c.nextStep();
+  c.writeHeader(op, s);
+  std::memcpy(c.slot(c.rank(), s), in, op.bytes());
+  c.exchange(op, s);
+  if (op.count == 0) return;
+  std::vector<const void*> srcs(n);
+  for (int r = 0; r < n; ++r) srcs[r] = c.slot(r, s);
+  reduce::reduceN(op.dtype, kernelOp(op.redop), out, srcs.data(), n, op.count);
+  finishAvg(op, n, out, op.count);
+}
+
+// Note [Pipelined reduce-scatter + allgather]
+// The buffer moves through shared memory in slot-sized chunks, two steps per
+// chunk: (A) every rank copies its chunk in; each reduces its 1/n share of
+// the chunk from all slots into its next slot; (B) every rank copies all
+// shares out. Each rank thus reads and writes about 2x the buffer plus one
+// copy-in, with every chunk still in cache when the peers read it, instead
+// of n reads of everything as in the one-shot path.
+void allreduceRsAg(Communicator& c, const OpDesc& op, const void* in, void* out) {
+  c.beginOp(op);
+  const int n = c.size();
+  const int me = c.rank();
+  const size_t es = elementSize(op.dtype);
+  const size_t chunkElems = c.slotBytes() / es;
+  const size_t total = op.count;
+  std::vector<const void*> srcs(n);
+  size_t done = 0;
+  bool first = true;
+  while (first || done < total) {
+    size_t ck = std::min(chunkElems, total - done);
+    auto* inChunk = static_cast<const uint8_t*>(in) + done * es;
+    auto* outChunk = static_cast<uint8_t*>(out) + done * es;
+    uint64_t sa = c.nextStep();
+    if (first) c.writeHeader(op, sa);
+    std::memcpy(c.slot(me, sa), inChunk, ck * es);
+    if (first) {
+      c.exchange(op, sa);
+    } else {
+      c.publish(sa);
+      c.waitAll(sa);
+    }
+    first = false;
+    size_t b, e;
+    partition(ck, n, me, 64 / es ? 64 / es : 1, &b, &e);
+    uint64_t sb = c.nextStep();
+    if (e > b) {
+      for (int r = 0; r < n; ++r) srcs[r] = c.slot(r, sa) + b * es;
+      uint8_t* mine = c.slot(me, sb) + b * es;
+      reduce::reduceN(op.dtype, kernelOp(op.redop), mine, srcs.data(), n, e - b);
+      finishAvg(op, n, mine, e - b);
+    }
+    c.publish(sb);
+    c.waitAll(sb);
+    for (int r = 0; r < n; ++r) {
+      partition(ck, n, r, 64 / es ? 64 / es : 1, &b, &e);
+      if (e > b) std::memcpy(outChunk + b * es, c.slot(r, sb) + b * es, (e - b) * es);
+    }
+    done += ck;
+  }
+}
+
+}  // namespace collectives
+}  // namespace braid

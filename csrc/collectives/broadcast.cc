@@ -1,0 +1,52 @@
+#include <algorithm>
+#include <cstring>
+
+#include "collectives/collectives.h"
+
+namespace braid {
+namespace collectives {
+
+// The root streams the buffer through its slots; the others copy each chunk
+// out as soon as it is published. With two slots the root runs one chunk
+// ahead of the slowest reader (Note [Step protocol]).
+void broadcast(Communicator& c, const OpDesc& op, void* buf) {
+  c.beginOp(op);
+  const bool root = c.rank() == op.root;
+  const size_t total = op.bytes();
+  const size_t chunk = c.slotBytes();
+  auto* p = static_cast<uint8_t*>(buf);
+  size_t done = 0;
+  bool first = true;
+  while (first || done < total) {
+    size_t len = std::min(chunk, total - done);
+    uint64_t s = c.nextStep();
+    if (root) std::memcpy(c.slot(c.rank(), s), p + done, len);
+    if (first) {
+      c.writeHeader(op, s);
+      c.exchange(op, s);
+    } else {
+      c.publish(s);
+      if (!root) c.wait(op.root, s);
+    }
+    first = false;
+    if (!root) std::memcpy(p + done, c.slot(op.root, s), len);
+    done += len;
+  }
+}
+
+void barrier(Communicator& c, const OpDesc& op) {
+  c.beginOp(op);
+  uint64_t s = c.nextStep();
+  c.writeHeader(op, s);
+  c.exchange(op, s);
+}
+
+void failOp(Communicator& c, const OpDesc& op) {
+  c.beginOp(op);
+  uint64_t s = c.nextStep();
+  c.writeHeader(op, s);
+  c.exchange(op, s);  // throws op.localError once the peers have seen it
+}
+
+}  // namespace collectives
+}  // namespace braid

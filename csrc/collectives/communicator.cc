@@ -1,0 +1,195 @@
+#include "collectives/communicator.h"
+
+#include <algorithm>
+#include <cstring>
+#include <sstream>
+
+#include "common/error.h"
+
+namespace braid {
+namespace collectives {
+
+namespace {
+
+constexpr uint32_t kHeaderMagic = 0x62686472;  // "bhdr"
+constexpr size_t kMessageBytes = 256;
+constexpr size_t kMetaOffset = 512;  // alltoall sizes follow the header
+
+// The header as it sits in shared memory. See Note [Op headers].
+struct WireHeader {
+  uint32_t magic;
+  uint32_t kind;
+  uint64_t opSeq;
+  uint32_t dtype;
+  uint32_t redop;
+  int32_t root;
+  int32_t failed;
+  uint64_t count;
+  uint64_t maxSendBytes;
+  Shape shape;
+  char message[kMessageBytes];
+};
+static_assert(sizeof(WireHeader) <= kMetaOffset, "header overlaps the size table");
+
+const WireHeader* headerAt(transport::Window& w, int rank, uint64_t step) {
+  return reinterpret_cast<const WireHeader*>(w.control(rank, step));
+}
+
+}  // namespace
+
+const char* opName(OpKind k) {
+  switch (k) {
+    case OpKind::kAllreduce: return "allreduce";
+    case OpKind::kBroadcast: return "broadcast";
+    case OpKind::kReduce: return "reduce";
+    case OpKind::kAllgather: return "allgather";
+    case OpKind::kGather: return "gather";
+    case OpKind::kScatter: return "scatter";
+    case OpKind::kReduceScatter: return "reduce_scatter";
+    case OpKind::kAlltoall: return "alltoall";
+    case OpKind::kBarrier: return "barrier";
+  }
+  return "unknown op";
+}
+
+std::string Shape::str() const {
+  std::ostringstream os;
+  os << '[';
+  for (int i = 0; i < ndim && i < kMaxDims; ++i) os << (i ? ", " : "") << dims[i];
+  if (ndim > kMaxDims) os << ", ...";
+  os << ']';
+  return os.str();
+}
+
+bool Shape::operator==(const Shape& o) const {
+  if (ndim != o.ndim) return false;
+  for (int i = 0; i < ndim && i < kMaxDims; ++i) {
+    if (dims[i] != o.dims[i]) return false;
+  }
+  return true;
+}
+
+Communicator::Communicator(std::unique_ptr<transport::Window> window)
+    : window_(std::move(window)), rank_(window_->rank()), size_(window_->size()) {}
+
+Communicator::~Communicator() = default;
+
+void Communicator::beginOp(const OpDesc& op) {
+  ++opSeq_;
+  ctx_.op = opName(op.kind);
+  ctx_.opSeq = opSeq_;
+  ctx_.deadline = op.deadline;
+  ctx_.timeout = op.timeout;
+  if (!broken_.empty()) {
+    BRAID_THROW(Error, ctx_.op, rank_, "the group is unusable after an earlier error: ", broken_);
+  }
+}
+
+uint64_t Communicator::nextStep() {
+  uint64_t s = ++step_;
+  // See Note [Step protocol]: the slot of step s was last used at s - kSlots.
+  if (s > transport::Window::kSlots) window_->waitAll(s - transport::Window::kSlots + 1, ctx_);
+  return s;
+}
+
+void Communicator::writeHeader(const OpDesc& op, uint64_t step) {
+  auto* h = reinterpret_cast<WireHeader*>(window_->control(rank_, step));
+  h->magic = kHeaderMagic;
+  h->kind = static_cast<uint32_t>(op.kind);
+  h->opSeq = opSeq_;
+  h->dtype = static_cast<uint32_t>(op.dtype);
+  h->redop = static_cast<uint32_t>(op.redop);
+  h->root = op.root;
+  h->count = op.count;
+  h->shape = op.shape;
+  h->failed = op.localError.empty() ? 0 : 1;
+  size_t n = std::min(op.localError.size(), kMessageBytes - 1);
+  std::memcpy(h->message, op.localError.data(), n);
+  h->message[n] = '\0';
+  h->maxSendBytes = 0;
+  if (op.kind == OpKind::kAlltoall && op.sendBytes) {
+    auto* meta = reinterpret_cast<uint64_t*>(window_->control(rank_, step) + kMetaOffset);
+    for (int j = 0; j < size_; ++j) {
+      meta[j] = op.sendBytes[j];
+      meta[size_ + j] = op.recvBytes[j];
+      h->maxSendBytes = std::max<uint64_t>(h->maxSendBytes, op.sendBytes[j]);
+    }
+  }
+}
+
+void Communicator::exchange(const OpDesc& op, uint64_t step) {
+  window_->publish(step);
+  window_->waitAll(step, ctx_);
+  if (!op.localError.empty()) throw Error(op.localError);
+  for (int peer = 0; peer < size_; ++peer) {
+    if (peer != rank_) checkPeer(op, peer, step);
+  }
+  if (op.kind != OpKind::kAlltoall) return;
+  // Every rank checks the whole size matrix, so that all of them agree on
+  // whether the op goes ahead (see Note [Op headers]).
+  for (int i = 0; i < size_; ++i) {
+    auto* mi = reinterpret_cast<const uint64_t*>(window_->control(i, step) + kMetaOffset);
+    for (int j = 0; j < size_; ++j) {
+      auto* mj = reinterpret_cast<const uint64_t*>(window_->control(j, step) + kMetaOffset);
+      if (mi[j] != mj[size_ + i]) {
+        BRAID_THROW(Error, ctx_.op, rank_, "rank ", i, " sends ", mi[j], " bytes to rank ", j,
+                    ", which expects ", mj[size_ + i], " bytes from it");
+      }
+    }
+  }
+}
+
+void Communicator::checkPeer(const OpDesc& op, int peer, uint64_t step) {
+  const WireHeader* h = headerAt(*window_, peer, step);
+  const char* me = opName(op.kind);
+  if (h->magic != kHeaderMagic) {
+    BRAID_THROW(Error, me, rank_, "rank ", peer, " sent a corrupt op header (op #", opSeq_, ")");
+  }
+  if (h->failed) {
+    BRAID_THROW(Error, me, rank_, "rank ", peer, " failed this op: ", h->message);
+  }
+  if (h->kind != static_cast<uint32_t>(op.kind)) {
+    BRAID_THROW(Error, me, rank_, "rank ", peer, " called ",
+                opName(static_cast<OpKind>(h->kind)), " at this point (op #", opSeq_,
+                "), this rank ", me);
+  }
+  if (h->opSeq != opSeq_) {
+    BRAID_THROW(Error, me, rank_, "rank ", peer, " is at op #", h->opSeq, ", this rank at op #",
+                opSeq_);
+  }
+  auto peerType = static_cast<DataType>(h->dtype);
+  if (h->dtype != static_cast<uint32_t>(op.dtype) || h->count != op.count ||
+      !(h->shape == op.shape)) {
+    BRAID_THROW(Error, me, rank_, "rank ", peer, " passed shape ", h->shape.str(), " (",
+                toString(peerType), "), this rank shape ", op.shape.str(), " (",
+                toString(op.dtype), ")");
+  }
+  if (h->root != op.root) {
+    BRAID_THROW(Error, me, rank_, "rank ", peer, " passed root ", h->root, ", this rank root ",
+                op.root);
+  }
+  if (h->redop != static_cast<uint32_t>(op.redop)) {
+    BRAID_THROW(Error, me, rank_, "rank ", peer, " passed reduce op ",
+                toString(static_cast<ReduceOp>(h->redop)), ", this rank ", toString(op.redop));
+  }
+}
+
+uint64_t Communicator::maxAnnouncedBytes(uint64_t step) {
+  uint64_t m = 0;
+  for (int r = 0; r < size_; ++r) m = std::max(m, headerAt(*window_, r, step)->maxSendBytes);
+  return m;
+}
+
+void Communicator::markBroken(const std::string& why) {
+  if (broken_.empty()) broken_ = why;
+}
+
+void partition(size_t count, int parts, int i, size_t align, size_t* begin, size_t* end) {
+  size_t per = (count + parts - 1) / parts;
+  per = (per + align - 1) / align * align;
+  *begin = std::min(count, per * i);
+  *end = std::min(count, per * (i + 1));
+}
+
+}  // namespace collectives
+}  // namespace braid

@@ -1,0 +1,120 @@
+// The Communicator runs collectives for one group over a Window, one op at a
+// time, on the thread that calls it (the backend's worker).
+//
+// Note [Op headers]
+// The first step of every op carries a header: the op's kind, dtype, reduce
+// op, root, shape and number. Every rank waits for every peer in that step
+// and compares each peer's header with its own, so a mismatch (different
+// shapes, dtypes, ops, roots, a different op at the same point, or a rank
+// that failed its argument checks and sent a poison header) is seen by every
+// rank at once: all of them throw after the same step, the step numbers stay
+// aligned, and the group remains usable for the next op. The remaining steps
+// of an op depend only on header fields that were found equal.
+#pragma once
+
+#include <chrono>
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "common/types.h"
+#include "transport/window.h"
+
+namespace braid {
+namespace collectives {
+
+enum class OpKind : uint32_t {
+  kAllreduce = 1,
+  kBroadcast,
+  kReduce,
+  kAllgather,
+  kGather,
+  kScatter,
+  kReduceScatter,
+  kAlltoall,
+  kBarrier,
+};
+const char* opName(OpKind k);
+
+constexpr int kMaxDims = 8;
+
+struct Shape {
+  int32_t ndim = 0;
+  int64_t dims[kMaxDims] = {0};
+  std::string str() const;
+  bool operator==(const Shape& o) const;
+};
+
+// What the ranks must agree on. count is the number of elements in each
+// rank's block: the whole buffer for allreduce/broadcast/reduce, one rank's
+// share for allgather/gather/scatter/reduce_scatter.
+struct OpDesc {
+  OpKind kind = OpKind::kBarrier;
+  DataType dtype = DataType::kUInt8;
+  ReduceOp redop = ReduceOp::kSum;
+  int root = 0;
+  size_t count = 0;
+  Shape shape;  // as the user passed it, for checks and messages
+  // alltoall: bytes this rank sends to / receives from each rank (size() each)
+  const uint64_t* sendBytes = nullptr;
+  const uint64_t* recvBytes = nullptr;
+  // Set when this rank failed the op's argument checks: the op then only
+  // tells the peers (see Note [Op headers]) and throws this message.
+  std::string localError;
+  transport::Clock::time_point deadline = transport::Clock::time_point::max();
+  std::chrono::milliseconds timeout{0};
+
+  size_t bytes() const { return count * elementSize(dtype); }
+};
+
+class Communicator {
+ public:
+  explicit Communicator(std::unique_ptr<transport::Window> window);
+  ~Communicator();
+
+  int rank() const { return rank_; }
+  int size() const { return size_; }
+  transport::Window& window() { return *window_; }
+  uint64_t opCount() const { return opSeq_; }
+
+  // ---- scaffolding for the algorithm files --------------------------------
+  // Starts an op: numbers it and sets the context used in error messages.
+  void beginOp(const OpDesc& op);
+  // The next step; waits until this rank's slot for it is free again.
+  uint64_t nextStep();
+  uint8_t* slot(int rank, uint64_t step) { return window_->data(rank, step); }
+  size_t slotBytes() const { return window_->slotBytes(); }
+  // First step of an op: write the header (before or after the data), then
+  // exchange() publishes, waits for all and checks. Throws on any mismatch.
+  void writeHeader(const OpDesc& op, uint64_t step);
+  void exchange(const OpDesc& op, uint64_t step);
+  void publish(uint64_t step) { window_->publish(step); }
+  void waitAll(uint64_t step) { window_->waitAll(step, ctx_); }
+  void wait(int peer, uint64_t step) { window_->wait(peer, step, ctx_); }
+  // The largest alltoall send size any rank announced in `step`'s header.
+  uint64_t maxAnnouncedBytes(uint64_t step);
+
+  // Breaks the group for good after an error that leaves ranks out of step
+  // (a timeout, a dead peer): later ops fail at once with the first error.
+  void markBroken(const std::string& why);
+  const std::string& brokenReason() const { return broken_; }
+
+ private:
+  void checkPeer(const OpDesc& op, int peer, uint64_t step);
+
+  std::unique_ptr<transport::Window> window_;
+  const int rank_;
+  const int size_;
+  uint64_t step_ = 0;
+  uint64_t opSeq_ = 0;
+  transport::WaitContext ctx_;
+  std::string broken_;
+};
+
+// Splits `count` elements into `parts` nearly equal ranges whose starts are
+// multiples of `align` elements; returns [begin, end) of part `i`.
+void partition(size_t count, int parts, int i, size_t align, size_t* begin, size_t* end);
+
+}  // namespace collectives
+}  // namespace braid

@@ -1,0 +1,305 @@
+#include "collectives/p2p.h"
+
+#include <cstring>
+
+#include "common/error.h"
+
+namespace braid {
+namespace collectives {
+
+namespace {
+constexpr uint32_t kFrameMagic = 0x62703270;  // "bp2p"
+struct Frame {
+  uint32_t magic;
+  int32_t tag;
+  uint64_t bytes;
+};
+constexpr std::chrono::milliseconds kIdleSleep{50};
+}  // namespace
+
+struct P2PEngine::Send {
+  int dst, tag;
+  const uint8_t* data;
+  size_t bytes;
+  Frame frame;
+  size_t pos = 0;  // over frame + payload
+  transport::Clock::time_point deadline;
+  std::chrono::milliseconds timeout;
+  Done done;
+};
+
+struct P2PEngine::Recv {
+  int src, tag;
+  uint8_t* data;
+  size_t bytes;
+  transport::Clock::time_point deadline;
+  std::chrono::milliseconds timeout;
+  Done done;
+  bool matched = false;  // attached to a message still arriving
+};
+
+struct P2PEngine::Incoming {
+  int src;
+  Frame frame{};
+  size_t frameGot = 0;
+  size_t got = 0;
+  uint8_t* target = nullptr;   // recv buffer, or buf.data()
+  std::vector<uint8_t> buf;    // unexpected or mismatched payload
+  Recv* recv = nullptr;        // the receive it completes, if any
+  std::exception_ptr error;    // set when the receive it matched is wrong
+  bool complete = false;
+};
+
+P2PEngine::P2PEngine(transport::Window& window)
+    : w_(window), rank_(window.rank()), sends_(window.size()), incoming_(window.size()) {
+  thread_ = std::thread([this] { loop(); });
+}
+
+P2PEngine::~P2PEngine() { shutdown(); }
+
+void P2PEngine::shutdown() {
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    stop_ = true;
+  }
+  w_.notifyActivity();
+  if (thread_.joinable()) thread_.join();
+}
+
+void P2PEngine::postSend(int dst, int tag, const void* data, size_t bytes,
+                         transport::Clock::time_point deadline, std::chrono::milliseconds timeout,
+                         Done done) {
+  auto s = std::make_unique<Send>();
+  *s = Send{dst, tag, static_cast<const uint8_t*>(data), bytes, Frame{kFrameMagic, tag, bytes},
+            0, deadline, timeout, std::move(done)};
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    BRAID_ENFORCE(!stop_, "send", rank_, "the group was shut down");
+    newSends_.push_back(std::move(s));
+  }
+  w_.notifyActivity();
+}
+
+void P2PEngine::postRecv(int src, int tag, void* data, size_t bytes,
+                         transport::Clock::time_point deadline, std::chrono::milliseconds timeout,
+                         Done done) {
+  auto r = std::make_unique<Recv>();
+  *r = Recv{src, tag, static_cast<uint8_t*>(data), bytes, deadline, timeout, std::move(done)};
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    BRAID_ENFORCE(!stop_, "recv", rank_, "the group was shut down");
+    newRecvs_.push_back(std::move(r));
+  }
+  w_.notifyActivity();
+}
+
+void P2PEngine::complete(Send& s, std::exception_ptr e) {
+  auto done = std::move(s.done);
+  if (done) done(e, rank_);
+}
+
+void P2PEngine::complete(Recv& r, std::exception_ptr e, int source) {
+  auto done = std::move(r.done);
+  if (done) done(e, source);
+}
+
+bool P2PEngine::progressSends() {
+  bool moved = false;
+  for (int dst = 0; dst < static_cast<int>(sends_.size()); ++dst) {
+    auto& q = sends_[dst];
+    while (!q.empty()) {
+      Send& s = *q.front();
+      auto& ch = w_.to(dst);
+      const size_t total = sizeof(Frame) + s.bytes;
+      while (s.pos < total) {
+        size_t n;
+        if (s.pos < sizeof(Frame)) {
+          n = ch.write(reinterpret_cast<const uint8_t*>(&s.frame) + s.pos, sizeof(Frame) - s.pos);
+        } else {
+          n = ch.write(s.data + (s.pos - sizeof(Frame)), total - s.pos);
+        }
+        if (n == 0) break;
+        s.pos += n;
+        moved = true;
+      }
+      if (s.pos < total) break;  // ring full: try again when the peer reads
+      complete(s, nullptr);
+      q.pop_front();
+    }
+  }
+  return moved;
+}
+
+bool P2PEngine::matchUnexpected(Recv& r) {
+  auto fits = [&](const Incoming& m) {
+    return !m.recv && (r.src == kAnySource || r.src == m.src) && m.frame.tag == r.tag;
+  };
+  auto sizeError = [&](const Incoming& m) {
+    return std::make_exception_ptr(Error(errorText("recv", rank_, "rank ", m.src, " sent ",
+                                                   m.frame.bytes, " bytes with tag ", r.tag,
+                                                   ", this rank expects ", r.bytes, " bytes")));
+  };
+  // Complete messages first: they arrived before any still streaming in.
+  for (auto it = unexpected_.begin(); it != unexpected_.end(); ++it) {
+    Incoming& m = **it;
+    if (!fits(m)) continue;
+    if (m.frame.bytes != r.bytes) {
+      complete(r, sizeError(m), m.src);
+    } else {
+      if (r.bytes) std::memcpy(r.data, m.buf.data(), r.bytes);
+      complete(r, nullptr, m.src);
+    }
+    unexpected_.erase(it);
+    return true;
+  }
+  for (auto& cur : incoming_) {
+    if (!cur || cur->frameGot < sizeof(Frame) || !fits(*cur)) continue;
+    if (cur->frame.bytes != r.bytes) cur->error = sizeError(*cur);
+    cur->recv = &r;  // copied out of the buffer when the rest arrives
+    r.matched = true;
+    return false;    // keep r posted until then
+  }
+  return false;
+}
+
+bool P2PEngine::progressIncoming(int src) {
+  auto& ch = w_.from(src);
+  bool moved = false;
+  for (;;) {
+    auto& cur = incoming_[src];
+    if (!cur) {
+      if (ch.readable() == 0) return moved;
+      cur = std::make_unique<Incoming>();
+      cur->src = src;
+    }
+    Incoming& m = *cur;
+    if (m.frameGot < sizeof(Frame)) {
+      size_t n = ch.read(reinterpret_cast<uint8_t*>(&m.frame) + m.frameGot, sizeof(Frame) - m.frameGot);
+      m.frameGot += n;
+      moved |= n > 0;
+      if (m.frameGot < sizeof(Frame)) return moved;
+      BRAID_ENFORCE(m.frame.magic == kFrameMagic, "recv", rank_, "corrupt message from rank ", src);
+      // Match against posted receives, oldest first.
+      for (auto it = recvs_.begin(); it != recvs_.end(); ++it) {
+        Recv& r = **it;
+        if (r.matched || (r.src != kAnySource && r.src != src) || r.tag != m.frame.tag) continue;
+        if (r.bytes == m.frame.bytes) {
+          m.target = r.data;
+          m.recv = &r;
+          r.matched = true;
+        } else {
+          m.error = std::make_exception_ptr(Error(errorText(
+              "recv", rank_, "rank ", src, " sent ", m.frame.bytes, " bytes with tag ",
+              m.frame.tag, ", this rank expects ", r.bytes, " bytes")));
+          m.recv = &r;
+          r.matched = true;
+        }
+        break;
+      }
+      if (!m.target) {
+        m.buf.resize(m.frame.bytes);
+        m.target = m.buf.data();
+      }
+    }
+    while (m.got < m.frame.bytes) {
+      size_t n = ch.read(m.target + m.got, m.frame.bytes - m.got);
+      if (n == 0) return moved;
+      m.got += n;
+      moved = true;
+    }
+    m.complete = true;
+    std::unique_ptr<Incoming> done = std::move(cur);
+    if (done->recv && done->target != done->buf.data()) {
+      Recv* r = done->recv;
+      complete(*r, done->error, src);
+      recvs_.remove_if([r](const std::unique_ptr<Recv>& p) { return p.get() == r; });
+    } else if (done->recv) {
+      Recv* r = done->recv;
+      if (!done->error && r->bytes) std::memcpy(r->data, done->buf.data(), r->bytes);
+      complete(*r, done->error, src);
+      recvs_.remove_if([r](const std::unique_ptr<Recv>& p) { return p.get() == r; });
+    } else {
+      unexpected_.push_back(std::move(done));
+    }
+  }
+}
+
+void P2PEngine::failExpired() {
+  auto now = transport::Clock::now();
+  std::string why;
+  for (int dst = 0; dst < static_cast<int>(sends_.size()); ++dst) {
+    auto& q = sends_[dst];
+    while (!q.empty()) {
+      Send& s = *q.front();
+      std::string msg;
+      if (w_.peerGone(dst, &why)) {
+        msg = errorText("send", rank_, why, " before receiving tag ", s.tag);
+      } else if (now >= s.deadline) {
+        msg = errorText("send", rank_, "timed out after ", s.timeout.count(),
+                        " ms waiting for rank ", dst, " to receive tag ", s.tag);
+      } else {
+        break;
+      }
+      complete(s, std::make_exception_ptr(TimeoutError(msg)));
+      q.pop_front();
+    }
+  }
+  for (auto it = recvs_.begin(); it != recvs_.end();) {
+    Recv& r = **it;
+    std::string msg;
+    if (!r.matched && r.src != kAnySource && w_.peerGone(r.src, &why)) {
+      msg = errorText("recv", rank_, why, " before sending tag ", r.tag);
+    } else if (!r.matched && now >= r.deadline) {
+      msg = errorText("recv", rank_, "timed out after ", r.timeout.count(), " ms waiting for ",
+                      r.src == kAnySource ? std::string("any rank")
+                                          : strCat("rank ", r.src),
+                      " (tag ", r.tag, ")");
+    }
+    if (msg.empty()) {
+      ++it;
+      continue;
+    }
+    complete(r, std::make_exception_ptr(TimeoutError(msg)), r.src);
+    it = recvs_.erase(it);
+  }
+}
+
+void P2PEngine::loop() {
+  auto lastCheck = transport::Clock::now();
+  for (;;) {
+    uint32_t epoch = w_.activityEpoch();
+    bool stop;
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      stop = stop_;
+      for (auto& s : newSends_) sends_[s->dst].push_back(std::move(s));
+      newSends_.clear();
+      for (auto& r : newRecvs_) {
+        if (!matchUnexpected(*r)) recvs_.push_back(std::move(r));
+      }
+      newRecvs_.clear();
+    }
+    if (stop) break;
+    bool moved = progressSends();
+    for (int src = 0; src < static_cast<int>(incoming_.size()); ++src) moved |= progressIncoming(src);
+    auto now = transport::Clock::now();
+    if (now - lastCheck > std::chrono::milliseconds(20)) {
+      failExpired();
+      lastCheck = now;
+    }
+    if (!moved) w_.waitActivity(epoch, kIdleSleep);
+  }
+  auto err = [this](const char* op) {
+    return std::make_exception_ptr(Error(errorText(op, rank_, "the group was shut down")));
+  };
+  for (auto& q : sends_) {
+    for (auto& s : q) complete(*s, err("send"));
+  }
+  for (auto& r : recvs_) complete(*r, err("recv"), r->src);
+  std::lock_guard<std::mutex> lock(mu_);
+  for (auto& s : newSends_) complete(*s, err("send"));
+  for (auto& r : newRecvs_) complete(*r, err("recv"), r->src);
+}
+
+}  // namespace collectives
+}  // namespace braid

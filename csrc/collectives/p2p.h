@@ -1,0 +1,76 @@
+// Point-to-point messages with tags over the Window's byte channels.
+//
+// Note [Point-to-point progress]
+// Sends and receives are posted and then progressed by one thread per group,
+// never by the collective worker: a blocking send on the worker would
+// deadlock two ranks that send to each other before receiving. The thread
+// moves every pending message as far as ring space allows, drains incoming
+// messages into matching posted receives (in posting order, by source and
+// tag) or, when none matches yet, into a buffer of unexpected messages, so a
+// send completes as soon as its bytes are in the ring or that buffer.
+#pragma once
+
+#include <chrono>
+#include <condition_variable>
+#include <deque>
+#include <exception>
+#include <functional>
+#include <list>
+#include <memory>
+#include <mutex>
+#include <thread>
+#include <vector>
+
+#include "transport/window.h"
+
+namespace braid {
+namespace collectives {
+
+class P2PEngine {
+ public:
+  // Called once, from the progress thread, when the op finished or failed.
+  // source is the sender's rank for receives.
+  using Done = std::function<void(std::exception_ptr error, int source)>;
+
+  explicit P2PEngine(transport::Window& window);
+  ~P2PEngine();  // fails pending ops, joins the thread
+
+  void postSend(int dst, int tag, const void* data, size_t bytes,
+                transport::Clock::time_point deadline, std::chrono::milliseconds timeout,
+                Done done);
+  // src == kAnySource matches any sender.
+  void postRecv(int src, int tag, void* data, size_t bytes, transport::Clock::time_point deadline,
+                std::chrono::milliseconds timeout, Done done);
+  static constexpr int kAnySource = -1;
+
+  void shutdown();
+
+ private:
+  struct Send;
+  struct Recv;
+  struct Incoming;
+  void loop();
+  bool progressSends();
+  bool progressIncoming(int src);
+  bool matchUnexpected(Recv& r);
+  void failExpired();
+  void complete(Send& s, std::exception_ptr e);
+  void complete(Recv& r, std::exception_ptr e, int source);
+
+  transport::Window& w_;
+  const int rank_;
+  std::mutex mu_;  // guards the posted lists handed over by callers
+  std::vector<std::unique_ptr<Send>> newSends_;
+  std::vector<std::unique_ptr<Recv>> newRecvs_;
+  bool stop_ = false;
+
+  // Owned by the progress thread.
+  std::vector<std::deque<std::unique_ptr<Send>>> sends_;  // by destination
+  std::list<std::unique_ptr<Recv>> recvs_;               // posting order
+  std::vector<std::unique_ptr<Incoming>> incoming_;      // by source
+  std::list<std::unique_ptr<Incoming>> unexpected_;
+  std::thread thread_;
+};
+
+}  // namespace collectives
+}  // namespace braid

@@ -1,0 +1,82 @@
+#include <cstring>
+#include <vector>
+
+#include "collectives/collectives.h"
+#include "common/settings.h"
+#include "reduce/reduce.h"
+
+namespace braid {
+namespace collectives {
+
+BRAID_SETTING_INT(kReduceOneShotMax, "BRAID_REDUCE_ONESHOT_MAX", 64 << 10,
+                  "Largest reduce (bytes) that the root combines alone in one step; larger "
+                  "ones share the work as reduce-scatter + gather.");
+
+namespace {
+ReduceOp kernelOp(ReduceOp op) { return op == ReduceOp::kAvg ? ReduceOp::kSum : op; }
+void finishAvg(const OpDesc& op, int n, void* buf, size_t count) {
+  if (op.redop == ReduceOp::kAvg && count) reduce::divide(op.dtype, buf, buf, n, count);
+}
+}  // namespace
+
+// Small: everyone publishes, the root reduces all. Large: as allreduce's
+// Note [Pipelined reduce-scatter + allgather], but only the root gathers.
+void reduce(Communicator& c, const OpDesc& op, const void* in, void* out) {
+  c.beginOp(op);
+  const int n = c.size();
+  const int me = c.rank();
+  const bool root = me == op.root;
+  const size_t es = elementSize(op.dtype);
+  std::vector<const void*> srcs(n);
+  if (op.bytes() <= static_cast<size_t>(kReduceOneShotMax.get()) &&
+      op.bytes() <= c.slotBytes()) {
+    uint64_t s = c.nextStep();
+    c.writeHeader(op, s);
+    std::memcpy(c.slot(me, s), in, op.bytes());
+    c.exchange(op, s);
+    if (!root || op.count == 0) return;
+    for (int r = 0; r < n; ++r) srcs[r] = c.slot(r, s);
+    reduce::reduceN(op.dtype, kernelOp(op.redop), out, srcs.data(), n, op.count);
+    finishAvg(op, n, out, op.count);
+    return;
+  }
+  const size_t chunkElems = c.slotBytes() / es;
+  const size_t align = 64 / es ? 64 / es : 1;
+  size_t done = 0;
+  bool first = true;
+  while (first || done < op.count) {
+    size_t ck = std::min(chunkElems, op.count - done);
+    uint64_t sa = c.nextStep();
+    if (first) c.writeHeader(op, sa);
+    std::memcpy(c.slot(me, sa), static_cast<const uint8_t*>(in) + done * es, ck * es);
+    if (first) {
+      c.exchange(op, sa);
+    } else {
+      c.publish(sa);
+      c.waitAll(sa);
+    }
+    first = false;
+    size_t b, e;
+    partition(ck, n, me, align, &b, &e);
+    uint64_t sb = c.nextStep();
+    if (e > b) {
+      for (int r = 0; r < n; ++r) srcs[r] = c.slot(r, sa) + b * es;
+      uint8_t* mine = c.slot(me, sb) + b * es;
+      reduce::reduceN(op.dtype, kernelOp(op.redop), mine, srcs.data(), n, e - b);
+      finishAvg(op, n, mine, e - b);
+    }
+    c.publish(sb);
+    if (root) {
+      c.waitAll(sb);
+      auto* o = static_cast<uint8_t*>(out) + done * es;
+      for (int r = 0; r < n; ++r) {
+        partition(ck, n, r, align, &b, &e);
+        if (e > b) std::memcpy(o + b * es, c.slot(r, sb) + b * es, (e - b) * es);
+      }
+    }
+    done += ck;
+  }
+}
+
+}  // namespace collectives
+}  // namespace braid

@@ -1,0 +1,256 @@
+// Collectives over the shared-memory window, ranks as threads, results
+// checked against closed forms.
+#include <gtest/gtest.h>
+
+#include <atomic>
+#include <cmath>
+#include <cstring>
+#include <future>
+#include <numeric>
+
+#include "collectives/collectives.h"
+#include "collectives/p2p.h"
+#include "memory_store.h"
+#include "transport/shm/window.h"
+
+namespace braid {
+namespace {
+
+using collectives::Communicator;
+using collectives::OpDesc;
+using collectives::OpKind;
+using testing::MemoryStore;
+using testing::runRanks;
+
+struct Group {
+  MemoryStore store;
+  std::vector<std::unique_ptr<Communicator>> comms;
+  Group(int n, size_t slotBytes) : comms(n) {
+    runRanks(n, [&](int r) {
+      transport::shm::WindowOptions o;
+      o.slotBytes = slotBytes;
+      o.channelBytes = 4096;
+      o.timeout = std::chrono::seconds(20);
+      comms[r] = std::make_unique<Communicator>(
+          transport::shm::ShmWindow::create(store, r, n, o));
+    });
+  }
+};
+
+OpDesc desc(OpKind k, size_t count, DataType t = DataType::kFloat32, int root = 0,
+            ReduceOp op = ReduceOp::kSum) {
+  OpDesc d;
+  d.kind = k;
+  d.dtype = t;
+  d.count = count;
+  d.root = root;
+  d.redop = op;
+  d.shape.ndim = 1;
+  d.shape.dims[0] = static_cast<int64_t>(count);
+  d.timeout = std::chrono::milliseconds(20000);
+  d.deadline = transport::Clock::now() + d.timeout;
+  return d;
+}
+
+float val(int rank, size_t i) { return static_cast<float>((rank + 1) * 1000 + i % 997); }
+
+class Sizes : public ::testing::TestWithParam<std::tuple<int, size_t>> {};
+
+// A 4 KiB slot makes every count above 1024 floats take the chunked paths.
+TEST_P(Sizes, AllCollectivesMatchClosedForms) {
+  const int n = std::get<0>(GetParam());
+  const size_t count = std::get<1>(GetParam());
+  Group g(n, 4096);
+  runRanks(n, [&](int r) {
+    Communicator& c = *g.comms[r];
+    std::vector<float> in(count), out(count, -1.f);
+    for (size_t i = 0; i < count; ++i) in[i] = val(r, i);
+    // allreduce SUM and MAX, in place and out of place
+    collectives::allreduce(c, desc(OpKind::kAllreduce, count), in.data(), out.data());
+    for (size_t i = 0; i < count; ++i) {
+      float want = 0;
+      for (int q = 0; q < n; ++q) want += val(q, i);
+      ASSERT_EQ(out[i], want) << "allreduce i=" << i;
+    }
+    std::vector<float> buf = in;
+    collectives::allreduce(c, desc(OpKind::kAllreduce, count, DataType::kFloat32, 0, ReduceOp::kMax),
+                           buf.data(), buf.data());
+    for (size_t i = 0; i < count; ++i) ASSERT_EQ(buf[i], val(n - 1, i));
+    // broadcast from the last rank
+    buf = in;
+    collectives::broadcast(c, desc(OpKind::kBroadcast, count, DataType::kFloat32, n - 1), buf.data());
+    for (size_t i = 0; i < count; ++i) ASSERT_EQ(buf[i], val(n - 1, i));
+    // reduce to rank 0
+    std::fill(out.begin(), out.end(), -1.f);
+    collectives::reduce(c, desc(OpKind::kReduce, count), in.data(), out.data());
+    if (r == 0) {
+      for (size_t i = 0; i < count; ++i) {
+        float want = 0;
+        for (int q = 0; q < n; ++q) want += val(q, i);
+        ASSERT_EQ(out[i], want);
+      }
+    }
+    // allgather / gather
+    std::vector<std::vector<float>> outs(n, std::vector<float>(count));
+    std::vector<void*> outPtrs(n);
+    for (int q = 0; q < n; ++q) outPtrs[q] = outs[q].data();
+    collectives::allgather(c, desc(OpKind::kAllgather, count), in.data(), outPtrs.data());
+    for (int q = 0; q < n; ++q)
+      for (size_t i = 0; i < count; ++i) ASSERT_EQ(outs[q][i], val(q, i));
+    collectives::gather(c, desc(OpKind::kGather, count, DataType::kFloat32, n / 2), in.data(),
+                        outPtrs.data());
+    // scatter from rank n/2: section q holds val(q, i)
+    std::vector<std::vector<float>> secs(n, std::vector<float>(count));
+    std::vector<const void*> secPtrs(n);
+    for (int q = 0; q < n; ++q) {
+      for (size_t i = 0; i < count; ++i) secs[q][i] = val(q, i) + r;
+      secPtrs[q] = secs[q].data();
+    }
+    collectives::scatter(c, desc(OpKind::kScatter, count, DataType::kFloat32, n / 2),
+                         secPtrs.data(), out.data());
+    for (size_t i = 0; i < count; ++i) ASSERT_EQ(out[i], val(r, i) + n / 2);
+    // reduce_scatter: out = sum over ranks q of (val(r, i) + q)
+    collectives::reduceScatter(c, desc(OpKind::kReduceScatter, count), secPtrs.data(), out.data());
+    for (size_t i = 0; i < count; ++i) {
+      float want = 0;
+      for (int q = 0; q < n; ++q) want += val(r, i) + q;
+      ASSERT_EQ(out[i], want);
+    }
+    collectives::barrier(c, desc(OpKind::kBarrier, 0, DataType::kUInt8));
+  });
+}
+
+INSTANTIATE_TEST_SUITE_P(Core, Sizes,
+                         ::testing::Combine(::testing::Values(1, 2, 3, 4, 5),
+                                            ::testing::Values(0, 1, 7, 1023, 5000)));
+
+TEST(Alltoall, UnevenSplits) {
+  for (int n : {1, 2, 3, 5}) {
+    Group g(n, 4096);
+    runRanks(n, [&](int r) {
+      // rank i sends (i + j) * 300 + 1 bytes to rank j, byte value i*16+j
+      std::vector<uint64_t> sendB(n), recvB(n);
+      std::vector<std::vector<uint8_t>> ins(n), outs(n);
+      std::vector<const void*> inP(n);
+      std::vector<void*> outP(n);
+      for (int j = 0; j < n; ++j) {
+        sendB[j] = (r + j) * 300 + 1;
+        recvB[j] = (j + r) * 300 + 1;
+        ins[j].assign(sendB[j], static_cast<uint8_t>(r * 16 + j));
+        outs[j].assign(recvB[j], 0);
+        inP[j] = ins[j].data();
+        outP[j] = outs[j].data();
+      }
+      OpDesc d = desc(OpKind::kAlltoall, 0, DataType::kUInt8);
+      d.sendBytes = sendB.data();
+      d.recvBytes = recvB.data();
+      collectives::alltoall(*g.comms[r], d, inP.data(), outP.data());
+      for (int j = 0; j < n; ++j)
+        for (uint8_t b : outs[j]) ASSERT_EQ(b, static_cast<uint8_t>(j * 16 + r));
+    });
+  }
+}
+
+TEST(Errors, ShapeMismatchIsSeenByEveryRankAndTheGroupRecovers) {
+  Group g(3, 4096);
+  std::vector<std::string> errors(3);
+  runRanks(3, [&](int r) {
+    Communicator& c = *g.comms[r];
+    size_t count = r == 1 ? 3 : 4;
+    std::vector<float> buf(count, 1.f);
+    try {
+      collectives::allreduce(c, desc(OpKind::kAllreduce, count), buf.data(), buf.data());
+    } catch (const Error& e) {
+      errors[r] = e.what();
+    }
+    std::vector<float> ok(4, 1.f);
+    collectives::allreduce(c, desc(OpKind::kAllreduce, 4), ok.data(), ok.data());
+    EXPECT_EQ(ok[0], 3.f);
+  });
+  EXPECT_NE(errors[0].find("braid allreduce (rank 0): rank 1 passed shape [3] (float32), this "
+                           "rank shape [4] (float32)"),
+            std::string::npos)
+      << errors[0];
+  EXPECT_NE(errors[1].find("rank 0 passed shape [4]"), std::string::npos) << errors[1];
+  EXPECT_FALSE(errors[2].empty());
+}
+
+TEST(Errors, TimeoutNamesTheMissingRank) {
+  Group g(3, 4096);
+  runRanks(3, [&](int r) {
+    if (r == 2) return;  // never arrives
+    OpDesc d = desc(OpKind::kBarrier, 0, DataType::kUInt8);
+    d.timeout = std::chrono::milliseconds(300);
+    d.deadline = transport::Clock::now() + d.timeout;
+    auto t0 = transport::Clock::now();
+    try {
+      collectives::barrier(*g.comms[r], d);
+      ADD_FAILURE() << "barrier did not time out";
+    } catch (const TimeoutError& e) {
+      EXPECT_NE(std::string(e.what()).find("timed out after 300 ms waiting for rank(s) [2]"),
+                std::string::npos)
+          << e.what();
+    }
+    EXPECT_LT(transport::Clock::now() - t0, std::chrono::milliseconds(1300));
+  });
+}
+
+TEST(P2P, TagsAnySourceAndCrossingSends) {
+  const int n = 3;
+  Group g(n, 4096);
+  runRanks(n, [&](int r) {
+    collectives::P2PEngine p2p(g.comms[r]->window());
+    auto deadline = transport::Clock::now() + std::chrono::seconds(20);
+    std::chrono::milliseconds to(20000);
+    // Every rank sends 20000 floats (more than the 4 KiB ring) to every other
+    // rank with two tags, before receiving: needs progress on both sides.
+    std::vector<std::vector<float>> payload(2 * n, std::vector<float>(20000));
+    std::vector<std::promise<void>> sent(2 * n);
+    for (int j = 0; j < n; ++j) {
+      if (j == r) continue;
+      for (int tag = 0; tag < 2; ++tag) {
+        auto& p = payload[2 * j + tag];
+        std::iota(p.begin(), p.end(), float(r * 100 + tag));
+        p2p.postSend(j, tag, p.data(), p.size() * 4, deadline, to,
+                     [&, j, tag](std::exception_ptr e, int) { sent[2 * j + tag].set_value(); });
+      }
+    }
+    for (int j = 0; j < n; ++j) {
+      if (j == r) continue;
+      for (int tag : {1, 0}) {  // receive in the other tag order
+        std::vector<float> got(20000);
+        std::promise<int> src;
+        p2p.postRecv(j, tag, got.data(), got.size() * 4, deadline, to,
+                     [&](std::exception_ptr e, int s) {
+                       if (e) src.set_exception(e); else src.set_value(s);
+                     });
+        ASSERT_EQ(src.get_future().get(), j);
+        ASSERT_EQ(got[5], float(j * 100 + tag + 5));
+      }
+    }
+    for (int j = 0; j < n; ++j) {
+      if (j == r) continue;
+      for (int tag = 0; tag < 2; ++tag) sent[2 * j + tag].get_future().wait();
+    }
+    // recv from any source
+    if (r == 0) {
+      for (int k = 0; k < n - 1; ++k) {
+        int x = -1;
+        std::promise<int> src;
+        p2p.postRecv(collectives::P2PEngine::kAnySource, 7, &x, 4, deadline, to,
+                     [&](std::exception_ptr e, int s) { src.set_value(s); });
+        int s = src.get_future().get();
+        ASSERT_EQ(x, s * 11);
+      }
+    } else {
+      int x = r * 11;
+      std::promise<void> done;
+      p2p.postSend(0, 7, &x, 4, deadline, to, [&](std::exception_ptr, int) { done.set_value(); });
+      done.get_future().wait();
+    }
+    collectives::barrier(*g.comms[r], desc(OpKind::kBarrier, 0, DataType::kUInt8));
+  });
+}
+
+}  // namespace
+}  // namespace braid
