@@ -1,0 +1,47 @@
+// The one place that absorbs the differences between torch 1.13 and 2.x.
+// See Note [torch 1.13 vs 2.x] below; nothing else in braid tests the torch
+// version.
+#pragma once
+
+#include <torch/version.h>
+
+#include <torch/csrc/distributed/c10d/ProcessGroup.hpp>
+#include <torch/csrc/distributed/c10d/Store.hpp>
+#include <torch/csrc/distributed/c10d/Types.hpp>
+#include <torch/csrc/distributed/c10d/Work.hpp>
+
+// Note [torch 1.13 vs 2.x]
+// On 1.13 a third-party backend is a c10d::ProcessGroup. On 2.x it is a
+// c10d::Backend, and c10d::ProcessGroup became a dispatcher that holds one
+// backend per device type. 2.x also grew virtuals that 1.13 lacks (the
+// *_coalesced tensor variants), and ReduceOp became a struct that can carry a
+// PREMUL_SUM factor.
+#if TORCH_VERSION_MAJOR >= 2
+#include <torch/csrc/distributed/c10d/Backend.hpp>
+#define BRAID_TORCH2 1
+#define BRAID_TORCH2_OVERRIDE override
+#else
+#define BRAID_TORCH2 0
+#define BRAID_TORCH2_OVERRIDE
+#endif
+
+namespace braid {
+namespace compat {
+
+#if BRAID_TORCH2
+using BackendBase = c10d::Backend;
+#else
+using BackendBase = c10d::ProcessGroup;
+#endif
+
+constexpr bool kTorch2 = BRAID_TORCH2;
+
+// Python name of the pybind class our backend derives from, in torch._C._distributed_c10d.
+const char* pythonBaseClassName();
+
+// Wraps a braid backend as a c10d::ProcessGroup (itself on 1.13).
+c10::intrusive_ptr<c10d::ProcessGroup> wrapAsProcessGroup(
+    const c10::intrusive_ptr<BackendBase>& backend, const c10::intrusive_ptr<c10d::Store>& store);
+
+}  // namespace compat
+}  // namespace braid

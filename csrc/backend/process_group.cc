@@ -1,0 +1,250 @@
+// Construction, the launch machinery, and the reducing collectives.
+#include "backend/process_group.h"
+
+#include "backend/engine.h"
+#include "backend/store_adapter.h"
+#include "backend/tensor_args.h"
+#include "backend/work.h"
+#include "collectives/collectives.h"
+#include "common/error.h"
+#include "common/logging.h"
+#include "transport/host.h"
+#include "transport/shm/window.h"
+
+namespace braid {
+
+using collectives::OpDesc;
+using collectives::OpKind;
+
+namespace {
+
+std::string bytesToString(const std::vector<uint8_t>& v) { return {v.begin(), v.end()}; }
+
+// Note [Same-host membership]
+// Whether the ranks of a group share memory is decided per group, from the
+// host identity each rank publishes through the group's store, never from
+// LOCAL_WORLD_SIZE or similar: those describe the launch, not the group, and
+// are wrong for subgroups and hybrid layouts.
+void checkSameHost(transport::Store& store, int rank, int size, std::chrono::milliseconds timeout) {
+  std::string mine = transport::hostIdentity();
+  store.set("host/" + std::to_string(rank), {mine.begin(), mine.end()});
+  for (int r = 0; r < size; ++r) {
+    std::string theirs = bytesToString(store.get("host/" + std::to_string(r), timeout));
+    if (theirs != mine) {
+      BRAID_THROW(Error, "init", rank, "group spans hosts: rank ", rank, " runs on '", mine,
+                  "' and rank ", r, " on '", theirs,
+                  "'; braid supports groups within one host for now (its TCP transport is not "
+                  "available yet): use gloo for this group");
+    }
+  }
+}
+
+}  // namespace
+
+ProcessGroupBraid::ProcessGroupBraid(const c10::intrusive_ptr<c10d::Store>& store, int rank,
+                                     int size, std::chrono::milliseconds timeout,
+                                     std::string groupName)
+    : compat::BackendBase(rank, size), timeout_(timeout) {
+  // A reused store (file://) may hold keys of an earlier group: number the
+  // incarnations and keep each one's keys apart.
+  int64_t ticket = store->add("braid/incarnation", 1);
+  StoreAdapter adapted(store, "braid/" + std::to_string((ticket - 1) / size) + "/");
+  checkSameHost(adapted, rank, size, timeout);
+  transport::shm::WindowOptions opts;
+  opts.timeout = timeout;
+  engine_ = std::make_unique<Engine>(transport::shm::ShmWindow::create(adapted, rank, size, opts),
+                                     timeout);
+  BRAID_LOG(kInfo, "backend", rank) << "group '" << groupName << "' of " << size
+                                    << " ranks ready (shared memory)";
+}
+
+ProcessGroupBraid::~ProcessGroupBraid() { shutdownNow(); }
+
+void ProcessGroupBraid::shutdownNow() {
+  if (engine_) engine_->shutdown();
+}
+
+uint64_t ProcessGroupBraid::getSequenceNumberForGroup() { return launched_.load(); }
+
+OpDesc ProcessGroupBraid::desc(OpKind kind, std::chrono::milliseconds optTimeout) const {
+  OpDesc d;
+  d.kind = kind;
+  d.timeout = optTimeout.count() > 0 ? optTimeout : timeout_;
+  d.deadline = transport::Clock::now() + d.timeout;
+  return d;
+}
+
+c10::intrusive_ptr<c10d::Work> ProcessGroupBraid::launch(c10d::OpType type, const char* title,
+                                                         std::vector<at::Tensor> outputs,
+                                                         Body body) {
+  auto work = c10::make_intrusive<WorkBraid>(getRank(), type, title, std::move(outputs));
+  launched_.fetch_add(1);
+  Engine* engine = engine_.get();
+  engine_->submit(Engine::Job{
+      [work, engine, body = std::move(body)] {
+        try {
+          body();
+          work->markDone(nullptr);
+        } catch (const TimeoutError& e) {
+          engine->comm().markBroken(e.what());  // ranks are out of step now
+          work->markDone(std::current_exception());
+        } catch (const PeerLostError& e) {
+          engine->comm().markBroken(e.what());
+          work->markDone(std::current_exception());
+        } catch (...) {
+          work->markDone(std::current_exception());
+        }
+      },
+      [work](std::exception_ptr e) { work->markDone(e); }});
+  return work;
+}
+
+c10::intrusive_ptr<c10d::Work> ProcessGroupBraid::guarded(
+    OpKind kind, const std::function<c10::intrusive_ptr<c10d::Work>()>& check) {
+  try {
+    return check();
+  } catch (const Error& e) {
+    OpDesc d = desc(kind, std::chrono::milliseconds(0));
+    d.localError = e.what();
+    Engine* engine = engine_.get();
+    engine_->submit(Engine::Job{[engine, d] {
+                                  try {
+                                    collectives::failOp(engine->comm(), d);
+                                  } catch (...) {
+                                    // Our own error already reached the caller.
+                                  }
+                                },
+                                nullptr});
+    throw;
+  }
+}
+
+c10::intrusive_ptr<c10d::Work> ProcessGroupBraid::allreduce(std::vector<at::Tensor>& tensors,
+                                                            const c10d::AllreduceOptions& opts) {
+  return guarded(OpKind::kAllreduce, [&] {
+    const int rank = getRank();
+    const at::Tensor& t = args::single(tensors, "allreduce", rank);
+    OpDesc d = desc(OpKind::kAllreduce, opts.timeout);
+    d.dtype = args::dtypeOf(t, "allreduce", rank);
+    double factor = 1.0;
+    d.redop = args::reduceOpOf(opts.reduceOp, d.dtype, "allreduce", rank, &factor);
+    d.count = t.numel();
+    d.shape = args::shapeOf(t);
+    auto st = args::Staged::in(t);
+    at::Tensor src = st.buf;
+    if (d.redop == ReduceOp::kPremulSum) {
+      src = st.buf * factor;  // pre-scaled copy; the sum runs as SUM
+      d.redop = ReduceOp::kSum;
+    }
+    Engine* e = engine_.get();
+    return launch(c10d::OpType::ALLREDUCE, "braid:allreduce", tensors, [e, d, st, src] {
+      collectives::allreduce(e->comm(), d, src.data_ptr(), st.data());
+      st.copyBack();
+    });
+  });
+}
+
+c10::intrusive_ptr<c10d::Work> ProcessGroupBraid::allreduce_coalesced(
+    std::vector<at::Tensor>& tensors, const c10d::AllreduceCoalescedOptions& opts) {
+  return guarded(OpKind::kAllreduce, [&] {
+    const int rank = getRank();
+    BRAID_ENFORCE(!tensors.empty(), "allreduce_coalesced", rank, "got no tensors");
+    for (auto& t : tensors) args::checkTensor(t, "allreduce_coalesced", rank);
+    DataType dt = args::dtypeOf(tensors[0], "allreduce_coalesced", rank);
+    for (size_t i = 0; i < tensors.size(); ++i) {
+      BRAID_ENFORCE(args::dtypeOf(tensors[i], "allreduce_coalesced", rank) == dt,
+                    "allreduce_coalesced", rank, "tensor ", i, " is ",
+                    toString(args::dtypeOf(tensors[i], "allreduce_coalesced", rank)),
+                    ", tensor 0 is ", toString(dt), "; all must share a dtype");
+    }
+    OpDesc d = desc(OpKind::kAllreduce, opts.timeout);
+    d.dtype = dt;
+    double factor = 1.0;
+    d.redop = args::reduceOpOf(opts.reduceOp, dt, "allreduce_coalesced", rank, &factor);
+    std::vector<at::Tensor> flat;
+    for (auto& t : tensors) flat.push_back(t.reshape({-1}));
+    at::Tensor buf = at::cat(flat);
+    if (d.redop == ReduceOp::kPremulSum) {
+      buf.mul_(factor);
+      d.redop = ReduceOp::kSum;
+    }
+    d.count = buf.numel();
+    d.shape = args::shapeOf(buf);
+    Engine* e = engine_.get();
+    return launch(c10d::OpType::ALLREDUCE_COALESCED, "braid:allreduce_coalesced", tensors,
+                  [e, d, buf, tensors] {
+                    collectives::allreduce(e->comm(), d, buf.data_ptr(), buf.data_ptr());
+                    int64_t off = 0;
+                    for (auto& t : tensors) {
+                      t.copy_(buf.narrow(0, off, t.numel()).view(t.sizes()));
+                      off += t.numel();
+                    }
+                  });
+  });
+}
+
+c10::intrusive_ptr<c10d::Work> ProcessGroupBraid::broadcast(std::vector<at::Tensor>& tensors,
+                                                            const c10d::BroadcastOptions& opts) {
+  return guarded(OpKind::kBroadcast, [&] {
+    const int rank = getRank();
+    const at::Tensor& t = args::single(tensors, "broadcast", rank);
+    args::checkRank(static_cast<int>(opts.rootRank), getSize(), "root", "broadcast", rank);
+    OpDesc d = desc(OpKind::kBroadcast, opts.timeout);
+    d.dtype = args::dtypeOf(t, "broadcast", rank);
+    d.root = static_cast<int>(opts.rootRank);
+    d.count = t.numel();
+    d.shape = args::shapeOf(t);
+    auto st = args::Staged::in(t);
+    Engine* e = engine_.get();
+    return launch(c10d::OpType::BROADCAST, "braid:broadcast", tensors, [e, d, st] {
+      collectives::broadcast(e->comm(), d, st.data());
+      st.copyBack();
+    });
+  });
+}
+
+c10::intrusive_ptr<c10d::Work> ProcessGroupBraid::reduce(std::vector<at::Tensor>& tensors,
+                                                         const c10d::ReduceOptions& opts) {
+  return guarded(OpKind::kReduce, [&] {
+    const int rank = getRank();
+    const at::Tensor& t = args::single(tensors, "reduce", rank);
+    args::checkRank(static_cast<int>(opts.rootRank), getSize(), "root", "reduce", rank);
+    OpDesc d = desc(OpKind::kReduce, opts.timeout);
+    d.dtype = args::dtypeOf(t, "reduce", rank);
+    double factor = 1.0;
+    d.redop = args::reduceOpOf(opts.reduceOp, d.dtype, "reduce", rank, &factor);
+    d.root = static_cast<int>(opts.rootRank);
+    d.count = t.numel();
+    d.shape = args::shapeOf(t);
+    auto st = args::Staged::in(t);
+    at::Tensor src = st.buf;
+    if (d.redop == ReduceOp::kPremulSum) {
+      src = st.buf * factor;
+      d.redop = ReduceOp::kSum;
+    }
+    Engine* e = engine_.get();
+    const bool root = d.root == rank;
+    return launch(c10d::OpType::REDUCE, "braid:reduce", tensors, [e, d, st, src, root] {
+      collectives::reduce(e->comm(), d, src.data_ptr(), st.data());
+      if (root) st.copyBack();
+    });
+  });
+}
+
+c10::intrusive_ptr<c10d::Work> ProcessGroupBraid::barrier(const c10d::BarrierOptions& opts) {
+  return guarded(OpKind::kBarrier, [&] {
+    OpDesc d = desc(OpKind::kBarrier, opts.timeout);
+    Engine* e = engine_.get();
+    return launch(c10d::OpType::BARRIER, "braid:barrier", {},
+                  [e, d] { collectives::barrier(e->comm(), d); });
+  });
+}
+
+c10::intrusive_ptr<c10d::ProcessGroup> createProcessGroup(
+    const c10::intrusive_ptr<c10d::Store>& store, int rank, int size,
+    std::chrono::milliseconds timeout) {
+  auto backend = c10::make_intrusive<ProcessGroupBraid>(store, rank, size, timeout, "cpp");
+  return compat::wrapAsProcessGroup(backend, store);
+}
+
+}  // namespace braid

@@ -1,0 +1,118 @@
+// ProcessGroupBraid: the c10d backend. The only layer (with compat.h) that
+// knows c10d; everything below it works on raw bytes.
+#pragma once
+
+#include <atomic>
+#include <chrono>
+#include <functional>
+#include <memory>
+#include <string>
+
+#include "backend/compat.h"
+#include "collectives/communicator.h"
+
+namespace braid {
+
+class Engine;  // backend/engine.h: worker thread, transport, collectives
+
+class ProcessGroupBraid : public compat::BackendBase {
+ public:
+  ProcessGroupBraid(const c10::intrusive_ptr<c10d::Store>& store, int rank, int size,
+                    std::chrono::milliseconds timeout, std::string groupName = "");
+  ~ProcessGroupBraid() override;
+
+  const std::string getBackendName() const override { return "braid"; }
+
+  c10::intrusive_ptr<c10d::Work> broadcast(std::vector<at::Tensor>& tensors,
+                                           const c10d::BroadcastOptions& opts =
+                                               c10d::BroadcastOptions()) override;
+  c10::intrusive_ptr<c10d::Work> allreduce(std::vector<at::Tensor>& tensors,
+                                           const c10d::AllreduceOptions& opts =
+                                               c10d::AllreduceOptions()) override;
+  c10::intrusive_ptr<c10d::Work> allreduce_coalesced(
+      std::vector<at::Tensor>& tensors,
+      const c10d::AllreduceCoalescedOptions& opts = c10d::AllreduceCoalescedOptions()) override;
+  c10::intrusive_ptr<c10d::Work> reduce(std::vector<at::Tensor>& tensors,
+                                        const c10d::ReduceOptions& opts =
+                                            c10d::ReduceOptions()) override;
+  c10::intrusive_ptr<c10d::Work> allgather(std::vector<std::vector<at::Tensor>>& outputs,
+                                           std::vector<at::Tensor>& inputs,
+                                           const c10d::AllgatherOptions& opts =
+                                               c10d::AllgatherOptions()) override;
+  c10::intrusive_ptr<c10d::Work> _allgather_base(at::Tensor& output, at::Tensor& input,
+                                                 const c10d::AllgatherOptions& opts =
+                                                     c10d::AllgatherOptions()) override;
+  c10::intrusive_ptr<c10d::Work> allgather_coalesced(
+      std::vector<std::vector<at::Tensor>>& outputLists, std::vector<at::Tensor>& inputs,
+      const c10d::AllgatherOptions& opts = c10d::AllgatherOptions()) override;
+  // torch 2.x only; on 1.13 these are plain members that nothing calls.
+  c10::intrusive_ptr<c10d::Work> allgather_into_tensor_coalesced(
+      std::vector<at::Tensor>& outputs, std::vector<at::Tensor>& inputs,
+      const c10d::AllgatherOptions& opts = c10d::AllgatherOptions()) BRAID_TORCH2_OVERRIDE;
+  c10::intrusive_ptr<c10d::Work> reduce_scatter_tensor_coalesced(
+      std::vector<at::Tensor>& outputs, std::vector<at::Tensor>& inputs,
+      const c10d::ReduceScatterOptions& opts = c10d::ReduceScatterOptions()) BRAID_TORCH2_OVERRIDE;
+  c10::intrusive_ptr<c10d::Work> gather(std::vector<std::vector<at::Tensor>>& outputs,
+                                        std::vector<at::Tensor>& inputs,
+                                        const c10d::GatherOptions& opts =
+                                            c10d::GatherOptions()) override;
+  c10::intrusive_ptr<c10d::Work> scatter(std::vector<at::Tensor>& outputs,
+                                         std::vector<std::vector<at::Tensor>>& inputs,
+                                         const c10d::ScatterOptions& opts =
+                                             c10d::ScatterOptions()) override;
+  c10::intrusive_ptr<c10d::Work> reduce_scatter(std::vector<at::Tensor>& outputs,
+                                                std::vector<std::vector<at::Tensor>>& inputs,
+                                                const c10d::ReduceScatterOptions& opts =
+                                                    c10d::ReduceScatterOptions()) override;
+  c10::intrusive_ptr<c10d::Work> _reduce_scatter_base(
+      at::Tensor& output, at::Tensor& input,
+      const c10d::ReduceScatterOptions& opts = c10d::ReduceScatterOptions()) override;
+  c10::intrusive_ptr<c10d::Work> alltoall_base(at::Tensor& output, at::Tensor& input,
+                                               std::vector<int64_t>& outputSplits,
+                                               std::vector<int64_t>& inputSplits,
+                                               const c10d::AllToAllOptions& opts =
+                                                   c10d::AllToAllOptions()) override;
+  c10::intrusive_ptr<c10d::Work> alltoall(std::vector<at::Tensor>& outputs,
+                                          std::vector<at::Tensor>& inputs,
+                                          const c10d::AllToAllOptions& opts =
+                                              c10d::AllToAllOptions()) override;
+  c10::intrusive_ptr<c10d::Work> barrier(const c10d::BarrierOptions& opts =
+                                             c10d::BarrierOptions()) override;
+  c10::intrusive_ptr<c10d::Work> send(std::vector<at::Tensor>& tensors, int dstRank,
+                                      int tag) override;
+  c10::intrusive_ptr<c10d::Work> recv(std::vector<at::Tensor>& tensors, int srcRank,
+                                      int tag) override;
+  c10::intrusive_ptr<c10d::Work> recvAnysource(std::vector<at::Tensor>& tensors,
+                                               int tag) override;
+
+  void setSequenceNumberForGroup() override {}
+  uint64_t getSequenceNumberForGroup() override;
+
+  // Stops the worker and fails queued work; later calls throw.
+  void shutdownNow();
+
+ private:
+  using Body = std::function<void()>;
+  // Runs body on the worker; its Work completes with `outputs` or the error.
+  c10::intrusive_ptr<c10d::Work> launch(c10d::OpType type, const char* title,
+                                        std::vector<at::Tensor> outputs, Body body);
+  // Runs `check` (argument checks and launch) on the caller's thread; when it
+  // throws, tells the peers through a poison header (Note [Op headers]).
+  c10::intrusive_ptr<c10d::Work> guarded(collectives::OpKind kind,
+                                         const std::function<c10::intrusive_ptr<c10d::Work>()>& check);
+  collectives::OpDesc desc(collectives::OpKind kind, std::chrono::milliseconds optTimeout) const;
+  c10::intrusive_ptr<c10d::Work> sendRecv(bool isSend, std::vector<at::Tensor>& tensors, int peer,
+                                          int tag);
+
+  std::chrono::milliseconds timeout_;
+  std::atomic<uint64_t> launched_{0};
+  std::unique_ptr<Engine> engine_;
+};
+
+// A c10d::ProcessGroup that runs on braid, for C++ programs (on torch 2.x the
+// backend is wrapped in a ProcessGroup for the CPU device).
+c10::intrusive_ptr<c10d::ProcessGroup> createProcessGroup(
+    const c10::intrusive_ptr<c10d::Store>& store, int rank, int size,
+    std::chrono::milliseconds timeout = std::chrono::minutes(30));
+
+}  // namespace braid

@@ -1,0 +1,242 @@
+// reduce_scatter and alltoall (list and flat forms), and send/recv.
+#include "backend/engine.h"
+#include "backend/process_group.h"
+#include "backend/tensor_args.h"
+#include "backend/work.h"
+#include "collectives/collectives.h"
+#include "common/error.h"
+
+namespace braid {
+
+using args::Staged;
+using collectives::OpDesc;
+using collectives::OpKind;
+
+c10::intrusive_ptr<c10d::Work> ProcessGroupBraid::reduce_scatter(
+    std::vector<at::Tensor>& outputs, std::vector<std::vector<at::Tensor>>& inputs,
+    const c10d::ReduceScatterOptions& opts) {
+  return guarded(OpKind::kReduceScatter, [&] {
+    const int rank = getRank(), n = getSize();
+    const at::Tensor& out = args::single(outputs, "reduce_scatter", rank);
+    OpDesc d = desc(OpKind::kReduceScatter, opts.timeout);
+    d.dtype = args::dtypeOf(out, "reduce_scatter", rank);
+    double factor = 1.0;
+    d.redop = args::reduceOpOf(opts.reduceOp, d.dtype, "reduce_scatter", rank, &factor);
+    d.count = out.numel();
+    d.shape = args::shapeOf(out);
+    BRAID_ENFORCE(inputs.size() == 1 && inputs[0].size() == static_cast<size_t>(n),
+                  "reduce_scatter", rank, "expects one input list of ", n, " tensors");
+    args::checkSame(inputs[0], d.dtype, out.numel(), "input", "reduce_scatter", rank);
+    std::vector<at::Tensor> ins;
+    for (auto& t : inputs[0]) {
+      at::Tensor c = t.contiguous();
+      if (d.redop == ReduceOp::kPremulSum) c = c * factor;
+      ins.push_back(c);
+    }
+    if (d.redop == ReduceOp::kPremulSum) d.redop = ReduceOp::kSum;
+    auto dst = Staged::out(out);
+    Engine* e = engine_.get();
+    return launch(c10d::OpType::REDUCE_SCATTER, "braid:reduce_scatter", outputs, [e, d, ins, dst] {
+      std::vector<const void*> p;
+      for (auto& t : ins) p.push_back(t.data_ptr());
+      collectives::reduceScatter(e->comm(), d, p.data(), dst.data());
+      dst.copyBack();
+    });
+  });
+}
+
+c10::intrusive_ptr<c10d::Work> ProcessGroupBraid::_reduce_scatter_base(
+    at::Tensor& output, at::Tensor& input, const c10d::ReduceScatterOptions& opts) {
+  return guarded(OpKind::kReduceScatter, [&] {
+    const int rank = getRank(), n = getSize();
+    args::checkTensor(output, "reduce_scatter", rank);
+    args::checkTensor(input, "reduce_scatter", rank);
+    OpDesc d = desc(OpKind::kReduceScatter, opts.timeout);
+    d.dtype = args::dtypeOf(output, "reduce_scatter", rank);
+    double factor = 1.0;
+    d.redop = args::reduceOpOf(opts.reduceOp, d.dtype, "reduce_scatter", rank, &factor);
+    d.count = output.numel();
+    d.shape = args::shapeOf(output);
+    args::checkSame({input}, d.dtype, output.numel() * n, "input", "reduce_scatter", rank);
+    at::Tensor src = input.contiguous();
+    if (d.redop == ReduceOp::kPremulSum) {
+      src = src * factor;
+      d.redop = ReduceOp::kSum;
+    }
+    auto dst = Staged::out(output);
+    Engine* e = engine_.get();
+    return launch(c10d::OpType::_REDUCE_SCATTER_BASE, "braid:_reduce_scatter_base", {output},
+                  [e, d, src, dst, n] {
+                    std::vector<const void*> p(n);
+                    size_t bytes = d.bytes();
+                    for (int r = 0; r < n; ++r) p[r] = static_cast<uint8_t*>(src.data_ptr()) + r * bytes;
+                    collectives::reduceScatter(e->comm(), d, p.data(), dst.data());
+                    dst.copyBack();
+                  });
+  });
+}
+
+c10::intrusive_ptr<c10d::Work> ProcessGroupBraid::reduce_scatter_tensor_coalesced(
+    std::vector<at::Tensor>& outputs, std::vector<at::Tensor>& inputs,
+    const c10d::ReduceScatterOptions& opts) {
+  BRAID_ENFORCE(outputs.size() == inputs.size(), "reduce_scatter", getRank(), "got ",
+                outputs.size(), " outputs for ", inputs.size(), " inputs");
+  c10::intrusive_ptr<c10d::Work> last;
+  for (size_t i = 0; i < inputs.size(); ++i) last = _reduce_scatter_base(outputs[i], inputs[i], opts);
+  return last;
+}
+
+namespace {
+// Byte counts and pointers for alltoall over dim-0 splits of a flat tensor.
+void splitRows(const at::Tensor& t, const std::vector<int64_t>& splits, int n, const char* what,
+               int rank, std::vector<uint64_t>* bytes, std::vector<int64_t>* offsets) {
+  const int64_t rows = t.dim() ? t.size(0) : 0;
+  const int64_t rowBytes = rows ? t.nbytes() / rows : 0;
+  bytes->assign(n, 0);
+  offsets->assign(n, 0);
+  if (splits.empty()) {
+    BRAID_ENFORCE(rows % n == 0, "alltoall", rank, what, " has ", rows,
+                  " rows, not divisible by the group size ", n, " (pass split sizes)");
+    for (int r = 0; r < n; ++r) {
+      (*bytes)[r] = rows / n * rowBytes;
+      (*offsets)[r] = r * (rows / n) * rowBytes;
+    }
+    return;
+  }
+  BRAID_ENFORCE(splits.size() == static_cast<size_t>(n), "alltoall", rank, what, " splits have ",
+                splits.size(), " entries, expected ", n);
+  int64_t sum = 0;
+  for (int r = 0; r < n; ++r) {
+    BRAID_ENFORCE(splits[r] >= 0, "alltoall", rank, what, " split ", r, " is negative");
+    (*offsets)[r] = sum * rowBytes;
+    (*bytes)[r] = splits[r] * rowBytes;
+    sum += splits[r];
+  }
+  BRAID_ENFORCE(sum == rows, "alltoall", rank, what, " splits sum to ", sum, ", but it has ",
+                rows, " rows");
+}
+}  // namespace
+
+c10::intrusive_ptr<c10d::Work> ProcessGroupBraid::alltoall_base(
+    at::Tensor& output, at::Tensor& input, std::vector<int64_t>& outputSplits,
+    std::vector<int64_t>& inputSplits, const c10d::AllToAllOptions& opts) {
+  return guarded(OpKind::kAlltoall, [&] {
+    const int rank = getRank(), n = getSize();
+    args::checkTensor(output, "alltoall", rank);
+    args::checkTensor(input, "alltoall", rank);
+    DataType dt = args::dtypeOf(input, "alltoall", rank);
+    BRAID_ENFORCE(args::dtypeOf(output, "alltoall", rank) == dt, "alltoall", rank,
+                  "input is ", toString(dt), " but output is ",
+                  toString(args::dtypeOf(output, "alltoall", rank)));
+    auto src = Staged::in(input);
+    auto dst = Staged::out(output);
+    std::vector<uint64_t> sendB, recvB;
+    std::vector<int64_t> sendOff, recvOff;
+    splitRows(src.buf, inputSplits, n, "input", rank, &sendB, &sendOff);
+    splitRows(dst.buf, outputSplits, n, "output", rank, &recvB, &recvOff);
+    OpDesc d = desc(OpKind::kAlltoall, opts.timeout);
+    d.dtype = dt;
+    Engine* e = engine_.get();
+    return launch(c10d::OpType::ALLTOALL_BASE, "braid:alltoall_base", {output},
+                  [e, d, src, dst, sendB, recvB, sendOff, recvOff, n]() mutable {
+                    std::vector<const void*> ins(n);
+                    std::vector<void*> outs(n);
+                    for (int r = 0; r < n; ++r) {
+                      ins[r] = src.data() + sendOff[r];
+                      outs[r] = dst.data() + recvOff[r];
+                    }
+                    d.sendBytes = sendB.data();
+                    d.recvBytes = recvB.data();
+                    collectives::alltoall(e->comm(), d, ins.data(), outs.data());
+                    dst.copyBack();
+                  });
+  });
+}
+
+c10::intrusive_ptr<c10d::Work> ProcessGroupBraid::alltoall(std::vector<at::Tensor>& outputs,
+                                                           std::vector<at::Tensor>& inputs,
+                                                           const c10d::AllToAllOptions& opts) {
+  return guarded(OpKind::kAlltoall, [&] {
+    const int rank = getRank(), n = getSize();
+    BRAID_ENFORCE(inputs.size() == static_cast<size_t>(n) && outputs.size() == inputs.size(),
+                  "alltoall", rank, "expects ", n, " inputs and outputs, got ", inputs.size(),
+                  " and ", outputs.size());
+    DataType dt = DataType::kUInt8;
+    std::vector<Staged> ins, outs;
+    std::vector<uint64_t> sendB(n), recvB(n);
+    for (int r = 0; r < n; ++r) {
+      args::checkTensor(inputs[r], "alltoall", rank);
+      args::checkTensor(outputs[r], "alltoall", rank);
+      DataType a = args::dtypeOf(inputs[r], "alltoall", rank);
+      DataType b = args::dtypeOf(outputs[r], "alltoall", rank);
+      if (r == 0) dt = a;
+      BRAID_ENFORCE(a == dt && b == dt, "alltoall", rank, "all tensors must be ", toString(dt),
+                    "; input ", r, " is ", toString(a), ", output ", r, " is ", toString(b));
+      ins.push_back(Staged::in(inputs[r]));
+      outs.push_back(Staged::out(outputs[r]));
+      sendB[r] = inputs[r].nbytes();
+      recvB[r] = outputs[r].nbytes();
+    }
+    OpDesc d = desc(OpKind::kAlltoall, opts.timeout);
+    d.dtype = dt;
+    Engine* e = engine_.get();
+    return launch(c10d::OpType::ALLTOALL, "braid:alltoall", outputs,
+                  [e, d, ins, outs, sendB, recvB]() mutable {
+                    std::vector<const void*> ip;
+                    std::vector<void*> op;
+                    for (auto& s : ins) ip.push_back(s.data());
+                    for (auto& s : outs) op.push_back(s.data());
+                    d.sendBytes = sendB.data();
+                    d.recvBytes = recvB.data();
+                    collectives::alltoall(e->comm(), d, ip.data(), op.data());
+                    for (auto& s : outs) s.copyBack();
+                  });
+  });
+}
+
+c10::intrusive_ptr<c10d::Work> ProcessGroupBraid::sendRecv(bool isSend,
+                                                           std::vector<at::Tensor>& tensors,
+                                                           int peer, int tag) {
+  const char* op = isSend ? "send" : "recv";
+  const int rank = getRank();
+  const at::Tensor& t = args::single(tensors, op, rank);
+  args::dtypeOf(t, op, rank);
+  if (peer != collectives::P2PEngine::kAnySource) {
+    args::checkRank(peer, getSize(), isSend ? "destination" : "source", op, rank);
+    BRAID_ENFORCE(peer != rank, op, rank, "cannot ", op, isSend ? " to" : " from", " itself");
+  }
+  auto work = c10::make_intrusive<WorkBraid>(rank, isSend ? c10d::OpType::SEND : c10d::OpType::RECV,
+                                             isSend ? "braid:send" : "braid:recv", tensors);
+  std::chrono::milliseconds timeout = timeout_;
+  auto deadline = transport::Clock::now() + timeout;
+  if (isSend) {
+    auto st = Staged::in(t);
+    engine_->p2p().postSend(peer, tag, st.data(), t.nbytes(), deadline, timeout,
+                            [work, st](std::exception_ptr e, int) { work->markDone(e, -1); });
+  } else {
+    auto st = Staged::out(t);
+    engine_->p2p().postRecv(peer, tag, st.data(), t.nbytes(), deadline, timeout,
+                            [work, st](std::exception_ptr e, int src) {
+                              if (!e) st.copyBack();
+                              work->markDone(e, src);
+                            });
+  }
+  return work;
+}
+
+c10::intrusive_ptr<c10d::Work> ProcessGroupBraid::send(std::vector<at::Tensor>& tensors,
+                                                       int dstRank, int tag) {
+  return sendRecv(true, tensors, dstRank, tag);
+}
+
+c10::intrusive_ptr<c10d::Work> ProcessGroupBraid::recv(std::vector<at::Tensor>& tensors,
+                                                       int srcRank, int tag) {
+  return sendRecv(false, tensors, srcRank, tag);
+}
+
+c10::intrusive_ptr<c10d::Work> ProcessGroupBraid::recvAnysource(std::vector<at::Tensor>& tensors,
+                                                                int tag) {
+  return sendRecv(false, tensors, collectives::P2PEngine::kAnySource, tag);
+}
+
+}  // namespace braid

@@ -1,0 +1,211 @@
+// The gathering and scattering collectives: allgather, gather, scatter,
+// reduce_scatter and alltoall, in their list and flat-tensor forms.
+#include "backend/engine.h"
+#include "backend/process_group.h"
+#include "backend/tensor_args.h"
+#include "collectives/collectives.h"
+#include "common/error.h"
+
+namespace braid {
+
+using args::Staged;
+using collectives::OpDesc;
+using collectives::OpKind;
+
+namespace {
+
+std::vector<Staged> stageOutputs(const std::vector<at::Tensor>& ts) {
+  std::vector<Staged> out;
+  for (auto& t : ts) out.push_back(Staged::out(t));
+  return out;
+}
+
+std::vector<void*> pointers(const std::vector<Staged>& st) {
+  std::vector<void*> p;
+  for (auto& s : st) p.push_back(s.data());
+  return p;
+}
+
+// n equal views of a flat contiguous buffer.
+std::vector<void*> slices(const at::Tensor& flat, int n) {
+  std::vector<void*> p(n);
+  size_t bytes = flat.numel() * flat.element_size() / n;
+  for (int r = 0; r < n; ++r) p[r] = static_cast<uint8_t*>(flat.data_ptr()) + r * bytes;
+  return p;
+}
+
+void copyBackAll(const std::vector<Staged>& st) {
+  for (auto& s : st) s.copyBack();
+}
+
+}  // namespace
+
+c10::intrusive_ptr<c10d::Work> ProcessGroupBraid::allgather(
+    std::vector<std::vector<at::Tensor>>& outputs, std::vector<at::Tensor>& inputs,
+    const c10d::AllgatherOptions& opts) {
+  return guarded(OpKind::kAllgather, [&] {
+    const int rank = getRank(), n = getSize();
+    const at::Tensor& in = args::single(inputs, "allgather", rank);
+    OpDesc d = desc(OpKind::kAllgather, opts.timeout);
+    d.dtype = args::dtypeOf(in, "allgather", rank);
+    d.count = in.numel();
+    d.shape = args::shapeOf(in);
+    BRAID_ENFORCE(outputs.size() == 1 && outputs[0].size() == static_cast<size_t>(n), "allgather",
+                  rank, "expects one output list of ", n, " tensors");
+    args::checkSame(outputs[0], d.dtype, in.numel(), "output", "allgather", rank);
+    auto src = Staged::in(in);
+    auto outs = stageOutputs(outputs[0]);
+    Engine* e = engine_.get();
+    return launch(c10d::OpType::ALLGATHER, "braid:allgather", outputs[0], [e, d, src, outs] {
+      collectives::allgather(e->comm(), d, src.data(), pointers(outs).data());
+      copyBackAll(outs);
+    });
+  });
+}
+
+c10::intrusive_ptr<c10d::Work> ProcessGroupBraid::_allgather_base(
+    at::Tensor& output, at::Tensor& input, const c10d::AllgatherOptions& opts) {
+  return guarded(OpKind::kAllgather, [&] {
+    const int rank = getRank(), n = getSize();
+    args::checkTensor(input, "allgather", rank);
+    args::checkTensor(output, "allgather", rank);
+    OpDesc d = desc(OpKind::kAllgather, opts.timeout);
+    d.dtype = args::dtypeOf(input, "allgather", rank);
+    d.count = input.numel();
+    d.shape = args::shapeOf(input);
+    args::checkSame({output}, d.dtype, input.numel() * n, "output", "allgather", rank);
+    auto src = Staged::in(input);
+    auto dst = Staged::out(output);
+    Engine* e = engine_.get();
+    return launch(c10d::OpType::_ALLGATHER_BASE, "braid:_allgather_base", {output},
+                  [e, d, src, dst, n] {
+                    collectives::allgather(e->comm(), d, src.data(), slices(dst.buf, n).data());
+                    dst.copyBack();
+                  });
+  });
+}
+
+c10::intrusive_ptr<c10d::Work> ProcessGroupBraid::allgather_into_tensor_coalesced(
+    std::vector<at::Tensor>& outputs, std::vector<at::Tensor>& inputs,
+    const c10d::AllgatherOptions& opts) {
+  BRAID_ENFORCE(outputs.size() == inputs.size(), "allgather", getRank(), "got ", outputs.size(),
+                " outputs for ", inputs.size(), " inputs");
+  c10::intrusive_ptr<c10d::Work> last;
+  for (size_t i = 0; i < inputs.size(); ++i) last = _allgather_base(outputs[i], inputs[i], opts);
+  return last;  // ops run in order, so the last one completing means all did
+}
+
+c10::intrusive_ptr<c10d::Work> ProcessGroupBraid::allgather_coalesced(
+    std::vector<std::vector<at::Tensor>>& outputLists, std::vector<at::Tensor>& inputs,
+    const c10d::AllgatherOptions& opts) {
+  return guarded(OpKind::kAllgather, [&] {
+    const int rank = getRank(), n = getSize();
+    BRAID_ENFORCE(outputLists.size() == static_cast<size_t>(n), "allgather_coalesced", rank,
+                  "expects one output list per rank (", n, "), got ", outputLists.size());
+    std::vector<at::Tensor> flat;
+    for (size_t i = 0; i < inputs.size(); ++i) {
+      args::checkTensor(inputs[i], "allgather_coalesced", rank);
+      args::dtypeOf(inputs[i], "allgather_coalesced", rank);
+      flat.push_back(inputs[i].contiguous().view({-1}).view(at::kByte));
+    }
+    for (int r = 0; r < n; ++r) {
+      BRAID_ENFORCE(outputLists[r].size() == inputs.size(), "allgather_coalesced", rank,
+                    "output list ", r, " has ", outputLists[r].size(), " tensors, expected ",
+                    inputs.size());
+      for (size_t i = 0; i < inputs.size(); ++i) {
+        BRAID_ENFORCE(outputLists[r][i].nbytes() == inputs[i].nbytes(), "allgather_coalesced",
+                      rank, "output ", r, "/", i, " has ", outputLists[r][i].nbytes(),
+                      " bytes, input ", i, " has ", inputs[i].nbytes());
+      }
+    }
+    at::Tensor packed = flat.empty() ? at::empty({0}, at::kByte) : at::cat(flat);
+    at::Tensor gathered = at::empty({packed.numel() * n}, at::kByte);
+    OpDesc d = desc(OpKind::kAllgather, opts.timeout);
+    d.dtype = DataType::kUInt8;
+    d.count = packed.numel();
+    d.shape = args::shapeOf(packed);
+    std::vector<at::Tensor> outs;
+    for (auto& l : outputLists) outs.insert(outs.end(), l.begin(), l.end());
+    Engine* e = engine_.get();
+    return launch(c10d::OpType::ALLGATHER_COALESCED, "braid:allgather_coalesced", outs,
+                  [e, d, packed, gathered, outputLists, n] {
+                    collectives::allgather(e->comm(), d, packed.data_ptr(),
+                                           slices(gathered, n).data());
+                    for (int r = 0; r < n; ++r) {
+                      int64_t off = r * packed.numel();
+                      for (auto& t : outputLists[r]) {
+                        auto bytes = gathered.narrow(0, off, t.nbytes());
+                        t.copy_(bytes.view(t.scalar_type()).view(t.sizes()));
+                        off += t.nbytes();
+                      }
+                    }
+                  });
+  });
+}
+
+c10::intrusive_ptr<c10d::Work> ProcessGroupBraid::gather(
+    std::vector<std::vector<at::Tensor>>& outputs, std::vector<at::Tensor>& inputs,
+    const c10d::GatherOptions& opts) {
+  return guarded(OpKind::kGather, [&] {
+    const int rank = getRank(), n = getSize();
+    const at::Tensor& in = args::single(inputs, "gather", rank);
+    args::checkRank(static_cast<int>(opts.rootRank), n, "root", "gather", rank);
+    OpDesc d = desc(OpKind::kGather, opts.timeout);
+    d.dtype = args::dtypeOf(in, "gather", rank);
+    d.root = static_cast<int>(opts.rootRank);
+    d.count = in.numel();
+    d.shape = args::shapeOf(in);
+    std::vector<at::Tensor> outList;
+    if (rank == d.root) {
+      BRAID_ENFORCE(outputs.size() == 1 && outputs[0].size() == static_cast<size_t>(n), "gather",
+                    rank, "the root expects one output list of ", n, " tensors");
+      args::checkSame(outputs[0], d.dtype, in.numel(), "output", "gather", rank);
+      outList = outputs[0];
+    } else {
+      BRAID_ENFORCE(outputs.empty() || (outputs.size() == 1 && outputs[0].empty()), "gather",
+                    rank, "only the root (", d.root, ") takes output tensors");
+    }
+    auto src = Staged::in(in);
+    auto outs = stageOutputs(outList);
+    Engine* e = engine_.get();
+    return launch(c10d::OpType::GATHER, "braid:gather", outList, [e, d, src, outs] {
+      collectives::gather(e->comm(), d, src.data(), pointers(outs).data());
+      copyBackAll(outs);
+    });
+  });
+}
+
+c10::intrusive_ptr<c10d::Work> ProcessGroupBraid::scatter(
+    std::vector<at::Tensor>& outputs, std::vector<std::vector<at::Tensor>>& inputs,
+    const c10d::ScatterOptions& opts) {
+  return guarded(OpKind::kScatter, [&] {
+    const int rank = getRank(), n = getSize();
+    const at::Tensor& out = args::single(outputs, "scatter", rank);
+    args::checkRank(static_cast<int>(opts.rootRank), n, "root", "scatter", rank);
+    OpDesc d = desc(OpKind::kScatter, opts.timeout);
+    d.dtype = args::dtypeOf(out, "scatter", rank);
+    d.root = static_cast<int>(opts.rootRank);
+    d.count = out.numel();
+    d.shape = args::shapeOf(out);
+    std::vector<Staged> ins;
+    if (rank == d.root) {
+      BRAID_ENFORCE(inputs.size() == 1 && inputs[0].size() == static_cast<size_t>(n), "scatter",
+                    rank, "the root expects one input list of ", n, " tensors");
+      args::checkSame(inputs[0], d.dtype, out.numel(), "input", "scatter", rank);
+      for (auto& t : inputs[0]) ins.push_back(Staged::in(t));
+    } else {
+      BRAID_ENFORCE(inputs.empty() || (inputs.size() == 1 && inputs[0].empty()), "scatter", rank,
+                    "only the root (", d.root, ") takes input tensors");
+    }
+    auto dst = Staged::out(out);
+    Engine* e = engine_.get();
+    return launch(c10d::OpType::SCATTER, "braid:scatter", outputs, [e, d, ins, dst] {
+      std::vector<const void*> p;
+      for (auto& s : ins) p.push_back(s.data());
+      collectives::scatter(e->comm(), d, p.data(), dst.data());
+      dst.copyBack();
+    });
+  });
+}
+
+}  // namespace braid

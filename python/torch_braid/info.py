@@ -1,0 +1,30 @@
+"""Prints braid's build configuration and every BRAID_ setting.
+
+    /usr/bin/python3 -m torch_braid.info
+"""
+import sys
+
+import torch
+
+import torch_braid
+
+
+def main(out=sys.stdout):
+    info = torch_braid.build_info()
+    print(f"braid {info['version']}", file=out)
+    print(f"  torch           {torch.__version__} ({info['torch_api']})", file=out)
+    print(f"  built against   torch {info['torch_version']}", file=out)
+    print(f"  SIMD            {info['simd']}", file=out)
+    print(f"  CUDA            {'yes' if info['cuda'] else 'no'}", file=out)
+    print(f"  transports      {', '.join(info['transports'])}", file=out)
+    print(f"  compiler        {info.get('compiler', '?')}", file=out)
+    print("", file=out)
+    print("Settings (environment variables):", file=out)
+    for s in torch_braid.settings():
+        changed = "" if s["value"] == s["default"] else f"  (set: {s['value']})"
+        print(f"  {s['name']} = {s['default']} [{s['type']}]{changed}", file=out)
+        print(f"      {s['doc']}", file=out)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,65 @@
+"""Builds torch_braid._C (and libbraid) with CMake, against the torch that
+runs this script. No build isolation is needed or wanted: the extension must
+match the installed torch exactly.
+
+    /usr/bin/python3 setup.py build_ext --inplace     # for development and tests
+    /usr/bin/python3 -m pip install --no-build-isolation .
+"""
+import os
+import shutil
+import subprocess
+import sys
+
+from setuptools import Extension, setup
+from setuptools.command.build_ext import build_ext
+
+ROOT = os.path.dirname(os.path.abspath(__file__))
+
+
+class CMakeExtension(Extension):
+    def __init__(self, name):
+        super().__init__(name, sources=[])
+
+
+class CMakeBuild(build_ext):
+    def build_extension(self, ext):
+        import torch
+
+        build_dir = os.environ.get(
+            "BRAID_BUILD_DIR",
+            os.path.join(ROOT, "build", f"py{sys.version_info.major}{sys.version_info.minor}"
+                         f"-torch{torch.__version__.split('+')[0]}"))
+        os.makedirs(build_dir, exist_ok=True)
+        cfg = os.environ.get("BRAID_BUILD_TYPE", "Release")
+        cmake_args = [
+            f"-DCMAKE_BUILD_TYPE={cfg}",
+            "-DBRAID_BUILD_PYTHON=ON",
+            f"-DBRAID_BUILD_TESTS={os.environ.get('BRAID_BUILD_TESTS', 'ON')}",
+            f"-DPython3_EXECUTABLE={sys.executable}",
+            f"-DCMAKE_PREFIX_PATH={torch.utils.cmake_prefix_path}",
+        ]
+        if os.environ.get("BRAID_SANITIZE"):
+            cmake_args.append(f"-DBRAID_SANITIZE={os.environ['BRAID_SANITIZE']}")
+        jobs = os.environ.get("BRAID_JOBS", str(os.cpu_count() or 2))
+        subprocess.check_call(["cmake", "-S", ROOT, "-B", build_dir] + cmake_args)
+        subprocess.check_call(["cmake", "--build", build_dir, "-j", jobs])
+        dests = [os.path.dirname(os.path.abspath(self.get_ext_fullpath(ext.name)))]
+        if self.inplace:  # _C finds libbraid.so beside it (RPATH $ORIGIN)
+            dests.append(os.path.join(ROOT, "python", "torch_braid"))
+        for dest in dests:
+            os.makedirs(dest, exist_ok=True)
+            for f in os.listdir(build_dir):
+                if (f.startswith("_C") and f.endswith(".so")) or f == "libbraid.so":
+                    shutil.copy2(os.path.join(build_dir, f), os.path.join(dest, f))
+
+
+setup(
+    name="torch_braid",
+    version="0.1.0",
+    description="A faster, safer c10d communication backend for PyTorch",
+    package_dir={"": "python"},
+    packages=["torch_braid"],
+    ext_modules=[CMakeExtension("torch_braid._C")],
+    cmdclass={"build_ext": CMakeBuild},
+    zip_safe=False,
+)
