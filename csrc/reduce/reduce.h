@@ -28,6 +28,13 @@ namespace reduce {
 // op must be kSum, kProduct, kMin, kMax, kBand, kBor or kBxor
 // (kAvg and kPremulSum are composed by the caller from kSum and scale()).
 // Throws braid::Error when !supported(type, op).
+// (Implementation notes: nsrcs == 1 is a copy, except that bool outputs are
+// normalized to 0/1; any nsrcs >= 1 works, 64 is what is tested. Each block
+// of dst is written after all sources were read, so dst equal to any source
+// works too; a dst that partly overlaps a source, nsrcs == 0 or a null
+// pointer with count > 0 throws braid::Error. Floating MIN/MAX propagate NaN
+// like torch.minimum/maximum; the result is the same bits at every SIMD
+// level.)
 void reduceN(DataType type, ReduceOp op, void* dst, const void* const* srcs, size_t nsrcs,
              size_t count);
 
@@ -37,6 +44,9 @@ void scale(DataType type, void* dst, const void* src, double factor, size_t coun
 
 // dst[i] = src[i] / divisor. Floats: true division (in float32 for fp16/bf16);
 // integers: truncating division, as torch's ReduceOp.AVG on integers with NCCL.
+// (Integers are divided in int64 and wrapped back, so INT64_MIN / -1 wraps to
+// INT64_MIN; bool gives (x / divisor) != 0. divisor == 0 throws braid::Error;
+// scale() throws for non-float types.)
 void divide(DataType type, void* dst, const void* src, int64_t divisor, size_t count);
 
 // Whether reduceN supports the pair. Bitwise ops need integer or bool types.
