@@ -1,0 +1,577 @@
+#!/usr/bin/env python3
+"""Collective benchmark in the style of nccl-tests: several c10d backends side by side.
+
+    /usr/bin/python3 benchmarks/collectives.py --nprocs 2 --backends braid,gloo \
+        --ops allreduce,allgather --dtypes fp32,bf16 --min-bytes 4 --max-bytes 256M --factor 4 \
+        --json results/coll.json --plot results/coll.png
+    torchrun --nproc-per-node 4 benchmarks/collectives.py --backends braid,gloo --sizes 4,4K,1M
+    ... --env BRAID_X=1K,64K,1M        # repeat the whole run for each value (threshold sweeps)
+
+The default process group is gloo and serves only as the control group (statuses, iteration
+counts, times). Each backend under test gets its own dist.new_group(backend=...), created after
+the --env values are set, and every (op, dtype, size) point is timed on each backend in turn,
+rotating the order per size, so ratios compare like with like.
+
+Definitions (nccl-tests, doc/PERFORMANCE.md): S = message size in bytes (total size for
+allgather, reduce_scatter and alltoall); algbw = S / t; busbw = algbw * factor, with factor
+2(n-1)/n for allreduce, (n-1)/n for allgather, reduce_scatter and alltoall, 1 for broadcast and
+reduce; 1 GB = 1e9 B. t is the median over rounds of the MEAN over ranks (as nccl-tests) of
+each rank's average time per call (the per-round means, max and min are in the JSON).
+count = elements in S. %cpy = busbw / the single-thread memcpy bandwidth (torch copy_, best of
+5) measured at the start of the same run.
+
+Note [Rounds]
+On a shared machine the speed available changes within seconds, so one timed block per backend
+compares moments rather than backends. Each point is timed in --rounds blocks per backend,
+alternating backends (A B, B A, ...), and each backend's time is the median of its blocks; a
+ratio then compares blocks taken within the same few hundred milliseconds. All backends are
+checked and warmed up before the first round, on buffers they share.
+
+Note [What is checked]
+Every point is checked twice: on its first call (before warm-up) and on one more call after the
+timed iterations (which catches state that goes wrong only after many calls). The copying ops
+get f(rank, i) = rank + 1 + (i % 7) - 3 and the reductions g(rank, i) = (rank + i) % 3 - 1 +
+(i % 7) - 3; outputs are prefilled with a sentinel; every element is compared with its closed
+form (e.g. allreduce: the sum of g over ranks, from the period-21 pattern). As |g| <= 4, sums
+are exact integers while 4n is representable (n <= 64 for bf16, 512 for fp16) and are compared
+exactly; beyond that within the rounding bound n * eps * 4n. Timed iterations are not checked
+(a check costs more than the op); reductions run them on zeros, so repeated in-place sums
+neither overflow nor change speed. A wrong result on any rank fails the whole run with the op,
+dtype, size, backend and rank. barrier is checked by making rank 0 enter late and verifying
+that no rank left before it entered (single host only). An op a backend rejects on its first
+call (e.g. gloo on torch 1.13: bf16, reduce_scatter) is reported as n/a; an op that worked at a
+smaller size and then raises fails the run.
+"""
+
+import argparse
+import contextlib
+import datetime
+import json
+import os
+import statistics
+import sys
+import time
+
+_HERE = os.path.dirname(os.path.abspath(__file__))
+sys.path.insert(0, _HERE)
+# The in-tree package (setup.py build_ext --inplace) when torch_braid is not installed.
+sys.path.append(os.path.join(os.path.dirname(_HERE), "python"))
+
+import _bench_common as bc  # noqa: E402
+
+torch = dist = None  # imported in the ranks only: the launcher does not need torch
+
+OPS = ("allreduce", "broadcast", "reduce", "allgather", "reduce_scatter", "alltoall", "barrier")
+REDUCTIONS = ("allreduce", "reduce", "reduce_scatter")
+SPLIT_OPS = ("allgather", "reduce_scatter", "alltoall")  # S is split in n equal parts
+DTYPE_NAMES = ("fp32", "bf16", "fp16", "int32")
+ROOT = 0
+PERIOD = 21  # inputs and expected outputs repeat with this period (see f_tile, g_tile)
+SENTINEL = -1000  # never a valid output: f >= -2, and |sums of g| <= 4n
+BARRIER_DELAY_S, BARRIER_TOL_S = 0.05, 0.005
+
+
+def busbw_factor(op, n):
+    if op == "allreduce":
+        return 2 * (n - 1) / n
+    if op in SPLIT_OPS:
+        return (n - 1) / n
+    return 1.0 if op in ("broadcast", "reduce") else None
+
+
+# ---- data and checks (Note [What is checked]) ----------------------------------------------------
+def torch_dtype(name):
+    return {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16,
+            "int32": torch.int32}[name]
+
+
+def f_tile(q, start):
+    """Input of rank q to the copying ops at positions start + j, j < PERIOD (float64)."""
+    j = torch.arange(PERIOD, dtype=torch.float64) + start
+    return j % 7 - 3 + (q + 1)
+
+
+def g_tile(q, start):
+    """Input of rank q to the reductions: small (|g| <= 4), so sums stay exact longer."""
+    j = torch.arange(PERIOD, dtype=torch.float64) + start
+    return (j + q) % 3 - 1 + j % 7 - 3
+
+
+def sum_tile(n, start):
+    j = torch.arange(PERIOD, dtype=torch.float64) + start
+    q = torch.arange(n, dtype=torch.float64)[:, None]
+    return ((j + q) % 3 - 1).sum(0) + n * (j % 7 - 3)
+
+
+def sum_atol(n, dtype):
+    """0 while every partial sum is an exactly representable integer (|partial| <= 4n);
+    beyond that the worst case of rounding each of n additions at magnitude <= 4n."""
+    exact_up_to = {torch.float32: 2 ** 24, torch.bfloat16: 2 ** 8, torch.float16: 2 ** 11}
+    eps = {torch.float32: 2 ** -23, torch.bfloat16: 2 ** -7, torch.float16: 2 ** -10}
+    bound = 4 * n
+    if dtype not in eps or bound <= exact_up_to[dtype]:
+        return 0.0
+    return n * eps[dtype] * bound
+
+
+def prepare_check(op, inp, out, r, n):
+    """Fill inputs for a checked call; return [(what, view, expected tile, atol)]."""
+    if op == "barrier":
+        return []
+    atol = sum_atol(n, inp.dtype)
+    if op == "broadcast":
+        if r == ROOT:
+            bc.fill_periodic(inp, f_tile(ROOT, 0))
+        else:
+            inp.fill_(SENTINEL)
+        return [("output", inp, f_tile(ROOT, 0), 0)]
+    if op in REDUCTIONS:
+        bc.fill_periodic(inp, g_tile(r, 0))
+    else:
+        bc.fill_periodic(inp, f_tile(r, 0))
+    if op in ("allreduce", "reduce"):
+        return [("output", inp, sum_tile(n, 0), atol)] if op == "allreduce" or r == ROOT else []
+    out.fill_(SENTINEL)
+    k = inp.numel() // n if op != "allgather" else inp.numel()
+    if op == "reduce_scatter":
+        return [("output", out, sum_tile(n, r * k), atol)]
+    start = 0 if op == "allgather" else r * k
+    return [(f"block from rank {q}", out[q * k:(q + 1) * k], f_tile(q, start), 0) for q in range(n)]
+
+
+def op_impls(op, group, inp, out, r, n, emulate):
+    """[(name, call, emulated)] in order of preference; later ones are fallbacks."""
+    if op == "allreduce":
+        return [("all_reduce", lambda: dist.all_reduce(inp, group=group), False)]
+    if op == "broadcast":
+        return [("broadcast", lambda: dist.broadcast(inp, ROOT, group=group), False)]
+    if op == "reduce":
+        return [("reduce", lambda: dist.reduce(inp, ROOT, group=group), False)]
+    if op == "alltoall":
+        return [("all_to_all_single", lambda: dist.all_to_all_single(out, inp, group=group), False)]
+    if op == "barrier":
+        return [("barrier", lambda: dist.barrier(group=group), False)]
+    if op == "allgather":
+        agt = getattr(dist, "all_gather_into_tensor", None) or dist._all_gather_base
+        outs = list(out.chunk(n))
+        return [("all_gather_into_tensor", lambda: agt(out, inp, group=group), False),
+                ("all_gather(list)", lambda: dist.all_gather(outs, inp, group=group), False)]
+    rst = getattr(dist, "reduce_scatter_tensor", None) or dist._reduce_scatter_base
+    ins, k = list(inp.chunk(n)), out.numel()
+
+    def emulated():  # what gloo itself does on torch 2.x (pytorch #118911)
+        dist.all_reduce(inp, group=group)
+        out.copy_(inp[r * k:(r + 1) * k])
+
+    impls = [("reduce_scatter_tensor", lambda: rst(out, inp, group=group), False),
+             ("reduce_scatter(list)", lambda: dist.reduce_scatter(out, ins, group=group), False)]
+    return impls + ([("all_reduce+copy", emulated, True)] if emulate else [])
+
+
+def geometry(op, nbytes, esize, n):
+    """(input elements, output elements, bytes in S) for a requested size, or None if too small."""
+    if op == "barrier":
+        return 0, 0, 0
+    c = nbytes // esize
+    if op in SPLIT_OPS:
+        c = c // n * n
+    if c == 0:
+        return None
+    k = c // n
+    ins, outs = {"allgather": (k, c), "reduce_scatter": (c, k), "alltoall": (c, c)}.get(op, (c, 0))
+    return ins, outs, c * esize
+
+
+# ---- the run -------------------------------------------------------------------------------------
+class Point:
+    """One backend at one (op, dtype, size) between its checked first call and its result."""
+
+    def __init__(self, op, be, res, where, call, sync, inp, out):
+        self.op, self.be, self.res, self.where = op, be, res, where
+        self.call, self.sync, self.inp, self.out = call, sync, inp, out
+        self.iters, self.rounds = 0, []  # rounds: per round, each rank's average time per call
+
+
+class Runner:
+    def __init__(self, args, info, backends, progress):
+        self.args, self.info, self.backends, self.progress = args, info, backends, progress
+        self.r, self.n = info.rank, info.world_size
+        self.impl, self.errors = {}, {}  # per (backend, op, dtype): chosen impl / why n/a
+
+    def checked_call(self, op, call, inp, out, sync):
+        """One call of the op, checked on this rank: (0 ok | 1 raised | 2 wrong, message)."""
+        expect = prepare_check(op, inp, out, self.r, self.n)
+        if op == "barrier":
+            bc.control_barrier()
+        t_enter, err = 0.0, None
+        try:
+            if op == "barrier" and self.r == ROOT:
+                time.sleep(BARRIER_DELAY_S)
+                t_enter = time.time()
+            call()
+            sync()
+        except Exception as e:
+            err = f"{type(e).__name__}: {(str(e).strip().splitlines() or [''])[0][:300]}"
+        t_exit = time.time()
+        if op == "barrier":  # every rank takes part in this gather, even one whose call raised
+            t_enter = bc.gather_floats(t_enter)[ROOT]
+        if err:
+            return 1, err
+        if op == "barrier" and self.info.single_host and t_exit < t_enter - BARRIER_TOL_S:
+            return 2, f"left the barrier {1e3 * (t_enter - t_exit):.1f} ms before rank 0 entered"
+        for what, view, tile, atol in expect:
+            bad = bc.first_mismatch(view, tile, atol)
+            if bad:
+                got, want = bad[1], bad[2]
+                return 2, f"{what}: element {bad[0]} is {got:g}, expected {want:g} (atol {atol:g})"
+        return 0, ""
+
+    def corrupting(self, op, call, inp, out):
+        victim = ROOT if op == "reduce" else self.n - 1
+
+        def corrupted():
+            call()
+            if self.r == victim:
+                (out if out is not None else inp)[0] += 1
+
+        return corrupted
+
+    def start_point(self, op, dt, be, bufs, res):
+        """Pick the op's implementation on the checked first call, then warm up.
+
+        Returns the finished result if the backend cannot run the op, else a Point to time."""
+        key = (be.label, op, dt)
+        where = f"op={op} dtype={dt} size={res['bytes']} B backend={be.label}"
+        if self.impl.get(key) == "n/a":
+            return dict(res, status="unsupported", error=self.errors[key])
+        inp, out = bufs.get(be.device, (None, None))
+        sync = torch.cuda.synchronize if be.device.startswith("cuda") else (lambda: None)
+        chosen, errors = self.impl.get(key), []
+        for name, call, emulated in op_impls(op, be.group, inp, out, self.r, self.n,
+                                             not self.args.no_emulate):
+            if chosen and name != chosen:
+                continue
+            checked = call
+            if self.args.inject_wrong_result == op and op != "barrier":  # testing only
+                checked = self.corrupting(op, call, inp, out)
+            st, msg = bc.agree(*self.checked_call(op, checked, inp, out, sync))
+            if st == 0:
+                break
+            if st == 2:
+                raise bc.BenchFailure(f"WRONG RESULT: {where} impl={name}: {msg}")
+            if chosen:
+                raise bc.BenchFailure(f"FAILED (worked at smaller sizes): {where} impl={name}: "
+                                      f"{msg}")
+            errors.append(f"{name}: {msg}")
+        else:
+            self.impl[key], self.errors[key] = "n/a", " | ".join(errors)
+            return dict(res, status="unsupported", error=self.errors[key])
+        self.impl[key] = name
+        p = Point(op, be, dict(res, impl=name, emulated=emulated), where, call, sync, inp, out)
+        rounds = self.args.rounds
+        with self.failing_on_exception(p):
+            if op in REDUCTIONS:
+                inp.zero_()
+            t_est = bc.time_iters(call, max(self.args.warmup, 1), sync)
+            p.iters = bc.agree_iters(t_est, self.args.time_per_point / rounds,
+                                     -(-self.args.min_iters // rounds), self.args.max_iters)
+        return p
+
+    @contextlib.contextmanager
+    def failing_on_exception(self, p):
+        try:
+            yield
+        except Exception as e:
+            raise bc.BenchFailure(f"FAILED while timing on rank {self.r}: {p.where} "
+                                  f"impl={p.res['impl']}: {e!r}", agreed=False) from e
+
+    def time_round(self, p):
+        with self.failing_on_exception(p):
+            bc.control_barrier()
+            p.rounds.append(bc.gather_floats(bc.time_iters(p.call, p.iters, p.sync)))
+
+    def finish_point(self, p):
+        st, msg = bc.agree(*self.checked_call(p.op, p.call, p.inp, p.out, p.sync))
+        if st:
+            calls = p.iters * len(p.rounds)
+            raise bc.BenchFailure(f"{'WRONG RESULT' if st == 2 else 'FAILED'} after {calls} "
+                                  f"timed calls: {p.where} impl={p.res['impl']}: {msg}")
+        means = [statistics.mean(ranks) for ranks in p.rounds]
+        t = statistics.median(means)
+        everything = [x for ranks in p.rounds for x in ranks]
+        res = dict(p.res, status="ok", iters=p.iters, rounds=len(p.rounds), time_us=t * 1e6,
+                   round_time_us=[m * 1e6 for m in means], time_us_max=max(everything) * 1e6,
+                   time_us_min=min(everything) * 1e6)
+        factor = busbw_factor(p.op, self.n)
+        if factor is not None:
+            res["algbw_GBps"] = res["bytes"] / t / 1e9
+            res["busbw_GBps"] = res["algbw_GBps"] * factor
+            res["busbw_frac_memcpy"] = res["busbw_GBps"] / self.memcpy["single_rank_GBps"]
+        return res
+
+    def run(self, env, sizes):
+        self.impl, self.errors = {}, {}
+        timeout = datetime.timedelta(seconds=self.args.timeout)
+        for be in self.backends:
+            if be.device.startswith("cuda"):
+                torch.cuda.set_device(self.info.local_rank % torch.cuda.device_count())
+            be.group = dist.new_group(backend=be.name, timeout=timeout)
+        self.memcpy = bc.measure_memcpy(self.args.memcpy_bytes)
+        results = []
+        for op in self.args.ops:
+            for dt in (self.args.dtypes if op != "barrier" else ["-"]):
+                table = []
+                for si, nbytes in enumerate(sizes if op != "barrier" else [0]):
+                    table += self.run_size(op, dt, nbytes, si)
+                results += table
+                if self.r == 0 and table:
+                    self.progress.clear()
+                    print(format_table(op, dt, table, self.backends, self.n, env), flush=True)
+        self.memcpy_after = bc.measure_memcpy(self.args.memcpy_bytes)
+        for be in self.backends:
+            dist.destroy_process_group(be.group)
+            be.group = None
+        return {"env": env, "memcpy_before": self.memcpy, "memcpy_after": self.memcpy_after,
+                "results": results}
+
+    def run_size(self, op, dt, nbytes, si):
+        dtype = torch_dtype(dt) if dt != "-" else torch.float32
+        esize = torch.tensor([], dtype=dtype).element_size()
+        geo = geometry(op, nbytes, esize, self.n)
+        order = self.backends[si % len(self.backends):] + self.backends[:si % len(self.backends)]
+        bufs = {}
+        if geo and op != "barrier":
+            for dev in sorted({b.device for b in self.backends}):
+                bufs[dev] = (torch.empty(geo[0], dtype=dtype, device=dev),
+                             torch.empty(geo[1], dtype=dtype, device=dev) if geo[1] else None)
+        done, points = [], []
+        for be in order:
+            res = {"op": op, "dtype": dt, "backend": be.label, "backend_name": be.name,
+                   "device": be.device, "requested_bytes": nbytes}
+            if geo is None:
+                res.update(status="skipped", error="size below one element per rank", bytes=0)
+            else:
+                res.update(bytes=geo[2], count=geo[2] // esize)
+                res = self.start_point(op, dt, be, bufs, res)
+            (points if isinstance(res, Point) else done).append(res)
+        for rnd in range(self.args.rounds):  # Note [Rounds]
+            k = rnd % max(len(points), 1)
+            for p in points[k:] + points[:k]:
+                self.time_round(p)
+        done += [self.finish_point(p) for p in points]
+        for res in done:
+            self.progress.update(f"{op} {dt} {bc.fmt_size(nbytes)} {res['backend']}")
+        order_index = {b.label: i for i, b in enumerate(self.backends)}
+        return sorted(done, key=lambda x: order_index[x["backend"]])
+
+
+# ---- output --------------------------------------------------------------------------------------
+def format_table(op, dt, results, backends, n, env):
+    labels = [b.label for b in backends]
+    by_size = {}
+    for res in results:
+        by_size.setdefault(res["requested_bytes"], {})[res["backend"]] = res
+    barrier = op == "barrier"
+    per_be = ["time(us)"] if barrier else ["time(us)", "algbw", "busbw", "%cpy"]
+    pairs = [(labels[0], b) for b in labels[1:]]
+    head = [("", ["size", "count"])] + [(lb, per_be) for lb in labels]
+    head += [(f"{a}/{b}", ["time"] if barrier else ["busbw", "time"]) for a, b in pairs]
+    rows = []
+    for size, cells in sorted(by_size.items()):
+        count = next(iter(cells.values())).get("count", "-")
+        row = ["-", "-"] if barrier else [bc.fmt_size(size), str(count)]
+        for lb in labels:
+            r = cells[lb]
+            if r["status"] != "ok":
+                row += ["n/a" if r["status"] == "unsupported" else r["status"]]
+                row += [""] * (len(per_be) - 1)
+                continue
+            row.append(f"{r['time_us']:.1f}" + ("*" if r.get("emulated") else ""))
+            if not barrier:
+                row += [f"{r['algbw_GBps']:.3f}", f"{r['busbw_GBps']:.3f}",
+                        f"{100 * r['busbw_frac_memcpy']:.1f}"]
+        for a, b in pairs:
+            ra, rb = cells[a], cells[b]
+            ok = ra["status"] == "ok" and rb["status"] == "ok"
+            if not barrier:
+                row.append(f"{ra['busbw_GBps'] / rb['busbw_GBps']:.2f}"
+                           if ok and rb["busbw_GBps"] else "-")
+            row.append(f"{ra['time_us'] / rb['time_us']:.2f}" if ok else "-")
+        rows.append(row)
+    notes = {f"{r['backend']}: emulated with {r['impl']}" for r in results if r.get("emulated")}
+    notes |= {f"{r['backend']}: n/a: {r['error'][:200]}" for r in results
+              if r["status"] == "unsupported"}
+    env_s = " ".join(f"{k}={v}" for k, v in env.items())
+    title = f"\n# {op} {dt if not barrier else ''}  n={n}  {env_s}".rstrip()
+    return bc.render_table(title, head, rows, sorted(notes))
+
+
+def write_plot(path, report):
+    panels, multi_env = [], len(report["runs"]) > 1
+    for op in report["meta"]["ops"]:
+        panel = {"title": op, "bars" if op == "barrier" else "curves": {}}
+        for run in report["runs"]:
+            env_s = " ".join(f"{k}={v}" for k, v in run["env"].items()) if multi_env else ""
+            for res in run["results"]:
+                if res["op"] != op or res["status"] != "ok":
+                    continue
+                dt = res["dtype"] if res["dtype"] != "-" else ""
+                label = " ".join(s for s in (res["backend"], dt, env_s) if s)
+                if op == "barrier":
+                    panel["bars"][label] = res["time_us"]
+                else:
+                    point = (res["bytes"], res["busbw_GBps"], res["time_us"])
+                    panel["curves"].setdefault(label, []).append(point)
+        panels.append(panel)
+    mc = report["runs"][0]["memcpy_before"]["single_rank_GBps"]
+    meta = report["meta"]
+    bc.plot_sweep(path, f"collectives, n={meta['world_size']}, torch {meta['torch']}", panels,
+                  hline=(f"memcpy 1 thread {mc:.1f} GB/s", mc))
+
+
+# ---- entry points --------------------------------------------------------------------------------
+def parse_args(argv=None):
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
+                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--nprocs", type=int, default=0, help="spawn this many ranks (else torchrun)")
+    p.add_argument("--store", choices=("file", "tcp"), default="file", help="store for --nprocs")
+    p.add_argument("--backends", default="auto",
+                   help="comma list, e.g. braid,gloo (a name may repeat; NAME@cuda picks the "
+                        "device); auto = braid if importable, gloo, nccl if CUDA")
+    p.add_argument("--import", dest="imports", action="append", default=[],
+                   help="module to import first (registers a third-party backend)")
+    p.add_argument("--ops", default=",".join(OPS))
+    p.add_argument("--dtypes", default="fp32")
+    p.add_argument("--min-bytes", default="4")
+    p.add_argument("--max-bytes", default="256M")
+    p.add_argument("--factor", type=int, default=4)
+    p.add_argument("--sizes", default=None, help="explicit list, e.g. 4,4K,1M,64M,256M")
+    p.add_argument("--warmup", type=int, default=3, help="warm-up calls per point")
+    p.add_argument("--min-iters", type=int, default=5, help="timed calls per point, all rounds")
+    p.add_argument("--max-iters", type=int, default=100000)
+    p.add_argument("--time-per-point", type=float, default=0.2,
+                   help="seconds of timed calls per point and backend, over all rounds")
+    p.add_argument("--rounds", type=int, default=3,
+                   help="timed blocks per point and backend, alternating backends (Note [Rounds])")
+    p.add_argument("--threads", type=int, default=1, help="torch.set_num_threads in each rank")
+    p.add_argument("--timeout", type=float, default=300, help="process group timeout, seconds")
+    p.add_argument("--memcpy-bytes", default="256M")
+    p.add_argument("--env", action="append", default=[], metavar="KEY=V1,V2",
+                   help="repeat the run for each value (repeatable: all combinations)")
+    p.add_argument("--no-emulate", action="store_true",
+                   help="report reduce_scatter as n/a instead of all_reduce+copy where missing")
+    p.add_argument("--json", default=None)
+    p.add_argument("--plot", default=None)
+    p.add_argument("--no-progress", action="store_true")
+    p.add_argument("--inject-wrong-result", metavar="OP", default=None,
+                   help="testing only: corrupt one output element of OP on its first call, "
+                        "to show that the run then fails")
+    args = p.parse_args(argv)
+    args.ops = [o.strip() for o in args.ops.split(",") if o.strip()]
+    args.dtypes = [d.strip() for d in args.dtypes.split(",") if d.strip()]
+    for o in args.ops:
+        if o not in OPS:
+            p.error(f"unknown op {o!r}; choose from {','.join(OPS)}")
+    for d in args.dtypes:
+        if d not in DTYPE_NAMES:
+            p.error(f"unknown dtype {d!r}; choose from {','.join(DTYPE_NAMES)}")
+    try:
+        if args.sizes:
+            args.sizes = [bc.parse_size(s) for s in args.sizes.split(",")]
+        else:
+            args.sizes = bc.size_range(bc.parse_size(args.min_bytes),
+                                       bc.parse_size(args.max_bytes), args.factor)
+        args.memcpy_bytes = bc.parse_size(args.memcpy_bytes)
+        args.env_combos = bc.env_combos(args.env)
+    except ValueError as e:
+        p.error(str(e))
+    return args
+
+
+def import_torch():
+    global torch, dist
+    import torch
+    import torch.distributed as dist
+
+
+def run_meta(args, info, backends):
+    meta = dict(bc.machine_meta(), world_size=info.world_size, hosts=info.hosts, ops=args.ops,
+                dtypes=args.dtypes, sizes=args.sizes,
+                backends=[{"label": b.label, "name": b.name, "device": b.device}
+                          for b in backends],
+                time_stat="median over rounds of the mean over ranks of each rank's average "
+                          "time per call", gb=1e9,
+                args={k: v for k, v in vars(args).items() if k != "env_combos"})
+    if info.rank == 0:
+        print(f"# collectives: n={info.world_size} torch {meta['torch']} backends "
+              f"{','.join(b.label for b in backends)} threads/rank {meta['torch_threads']}")
+        if any(b.name == "braid" for b in backends):
+            meta["braid_info"] = bc.braid_info()
+            print(meta["braid_info"])
+    return meta
+
+
+def print_memcpy(m0, m1):
+    busy = m0["single_rank_GBps"] / m0["single_rank_per_cpu_second_GBps"]
+    print(f"\n# memcpy {bc.fmt_size(m0['bytes'])}B, torch copy_, 1 thread, best of 5, rank 0 "
+          f"alone: {m0['single_rank_GBps']:.2f} GB/s before the run (median "
+          f"{m0['single_rank_median_GBps']:.2f}), {m1['single_rank_GBps']:.2f} after; all ranks "
+          f"at once: {statistics.mean(m0['concurrent_per_rank_GBps']):.2f} GB/s per rank")
+    if busy < 0.7:
+        print(f"# WARNING: busy machine: the memcpy got {100 * busy:.0f}% of a core "
+              f"({m0['single_rank_per_cpu_second_GBps']:.2f} GB/s per CPU-second); compare "
+              "backends only through ratios taken in the same run")
+
+
+def save(args, report):
+    if args.json:
+        os.makedirs(os.path.dirname(os.path.abspath(args.json)), exist_ok=True)
+        with open(args.json, "w") as f:
+            json.dump(report, f, indent=1)
+    if args.plot:
+        os.makedirs(os.path.dirname(os.path.abspath(args.plot)), exist_ok=True)
+        write_plot(args.plot, report)
+
+
+def worker(args):
+    import_torch()
+    info = bc.init_worker(timeout_s=args.timeout, threads=args.threads)
+    progress = bc.Progress(0, enabled=False)
+    try:
+        backends = bc.resolve_backends(args.backends, args.imports)
+        points = sum(len(args.dtypes) * len(args.sizes) if op != "barrier" else 1
+                     for op in args.ops) * len(backends) * len(args.env_combos)
+        progress = bc.Progress(points, enabled=info.rank == 0 and not args.no_progress)
+        meta = run_meta(args, info, backends)
+        runner, runs = Runner(args, info, backends, progress), []
+        for env in args.env_combos:
+            with bc.applied_env(env):
+                runs.append(runner.run(env, args.sizes))
+            if info.rank == 0:
+                print_memcpy(runs[-1]["memcpy_before"], runs[-1]["memcpy_after"])
+        progress.clear()
+        if info.rank == 0:
+            save(args, {"schema": "braid-bench-collectives/1", "meta": meta, "runs": runs})
+        return 0
+    except bc.BenchFailure as e:
+        progress.clear()
+        if info.rank == 0 or not e.agreed:
+            print(f"\nbench: {e}", file=sys.stderr, flush=True)
+        return 3
+    finally:
+        dist.destroy_process_group()
+
+
+def main(argv=None):
+    args = parse_args(argv)
+    rc = bc.launch_if_requested(args.nprocs, args.store)
+    if rc is not None:
+        return rc
+    if not bc.is_worker():
+        os.environ.update(RANK="0", WORLD_SIZE="1", MASTER_ADDR="127.0.0.1",
+                          MASTER_PORT=str(bc.free_port()))
+    return worker(args)
+
+
+if __name__ == "__main__":
+    sys.exit(main())
