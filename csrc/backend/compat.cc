@@ -5,6 +5,19 @@ namespace compat {
 
 const char* pythonBaseClassName() { return BRAID_TORCH2 ? "Backend" : "ProcessGroup"; }
 
+bool premulSumFactor(const c10d::ReduceOp& op, double* factor) {
+  auto* sup = dynamic_cast<c10d::NCCLPreMulSumSupplement*>(op.supplement_.get());
+  if (!sup) return false;
+#if BRAID_TORCH2
+  const bool hasTensor = sup->tensor_factor.defined();
+  *factor = hasTensor ? sup->tensor_factor.item<double>() : sup->double_factor;
+#else
+  const bool hasTensor = !sup->tensor_factors.empty();
+  *factor = hasTensor ? sup->tensor_factors[0].item<double>() : sup->double_factor;
+#endif
+  return true;
+}
+
 c10::intrusive_ptr<c10d::ProcessGroup> wrapAsProcessGroup(
     const c10::intrusive_ptr<BackendBase>& backend, const c10::intrusive_ptr<c10d::Store>& store) {
 #if BRAID_TORCH2

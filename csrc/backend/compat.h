@@ -39,6 +39,10 @@ constexpr bool kTorch2 = BRAID_TORCH2;
 // Python name of the pybind class our backend derives from, in torch._C._distributed_c10d.
 const char* pythonBaseClassName();
 
+// The factor of a PREMUL_SUM ReduceOp (1.13 keeps a tensor list, 2.x one
+// tensor). Returns false when the op carries no factor.
+bool premulSumFactor(const c10d::ReduceOp& op, double* factor);
+
 // Wraps a braid backend as a c10d::ProcessGroup (itself on 1.13).
 c10::intrusive_ptr<c10d::ProcessGroup> wrapAsProcessGroup(
     const c10::intrusive_ptr<BackendBase>& backend, const c10::intrusive_ptr<c10d::Store>& store);

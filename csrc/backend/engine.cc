@@ -9,7 +9,7 @@
 
 namespace braid {
 
-BRAID_SETTING_INT(kWorkerSpinUs, "BRAID_WORKER_SPIN_US", 50,
+BRAID_SETTING_INT(kWorkerSpinUs, "BRAID_WORKER_SPIN_US", 20,
                   "Microseconds the worker polls for the next op before sleeping; "
                   "saves a thread wake-up between back-to-back small ops.");
 
@@ -43,11 +43,11 @@ void Engine::loop() {
   const auto spin = std::chrono::microseconds(kWorkerSpinUs.get());
   for (;;) {
     // See Note [Spin, then sleep]: a short poll catches back-to-back ops
-    // without a wake-up; yielding keeps it harmless when cores are scarce.
+    // without a wake-up.
     auto until = std::chrono::steady_clock::now() + spin;
     while (queued_.load(std::memory_order_acquire) == 0 &&
            std::chrono::steady_clock::now() < until) {
-      sched_yield();
+      for (int i = 0; i < 32; ++i) transport::shm::cpuRelax();
     }
     Job job;
     {

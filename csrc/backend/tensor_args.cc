@@ -90,10 +90,8 @@ ReduceOp reduceOpOf(const c10d::ReduceOp& op, DataType dtype, const char* opName
     case c10d::ReduceOp::BXOR: r = ReduceOp::kBxor; break;
     case c10d::ReduceOp::AVG: r = ReduceOp::kAvg; break;
     case c10d::ReduceOp::PREMUL_SUM: {
-      auto* sup = dynamic_cast<c10d::NCCLPreMulSumSupplement*>(op.supplement_.get());
-      BRAID_ENFORCE(sup, opName, rank, "PREMUL_SUM without a factor");
-      *factor = sup->tensor_factors.empty() ? sup->double_factor
-                                            : sup->tensor_factors[0].item<double>();
+      BRAID_ENFORCE(compat::premulSumFactor(op, factor), opName, rank,
+                    "PREMUL_SUM without a factor");
       r = ReduceOp::kPremulSum;
       break;
     }

@@ -50,16 +50,18 @@ void allreduceOneShot(Communicator& c, const OpDesc& op, const void* in, void* o
 
 // Note [Pipelined reduce-scatter + allgather]
 // The buffer moves through shared memory in slot-sized chunks, two steps per
-// chunk: (A) every rank copies its chunk in; each reduces its 1/n share of
-// the chunk from all slots into its next slot; (B) every rank copies all
-// shares out. Each rank thus reads and writes about 2x the buffer plus one
-// copy-in, with every chunk still in cache when the peers read it, instead
-// of n reads of everything as in the one-shot path.
+// chunk: (A) every rank copies in the shares of its chunk that the other
+// ranks reduce, then reduces its own 1/n share from its own input and the
+// peers' slots into its next slot; (B) every rank copies all shares out.
+// Each rank reads and writes about twice the buffer, with every chunk still
+// in cache when the peers read it, instead of n reads of everything as in
+// the one-shot path. Shares are combined in rank order, as in one-shot.
 void allreduceRsAg(Communicator& c, const OpDesc& op, const void* in, void* out) {
   c.beginOp(op);
   const int n = c.size();
   const int me = c.rank();
   const size_t es = elementSize(op.dtype);
+  const size_t align = 64 / es ? 64 / es : 1;
   const size_t chunkElems = c.slotBytes() / es;
   const size_t total = op.count;
   std::vector<const void*> srcs(n);
@@ -71,7 +73,11 @@ void allreduceRsAg(Communicator& c, const OpDesc& op, const void* in, void* out)
     auto* outChunk = static_cast<uint8_t*>(out) + done * es;
     uint64_t sa = c.nextStep();
     if (first) c.writeHeader(op, sa);
-    std::memcpy(c.slot(me, sa), inChunk, ck * es);
+    size_t b, e;
+    for (int r = 0; r < n; ++r) {
+      partition(ck, n, r, align, &b, &e);
+      if (r != me && e > b) std::memcpy(c.slot(me, sa) + b * es, inChunk + b * es, (e - b) * es);
+    }
     if (first) {
       c.exchange(op, sa);
     } else {
@@ -79,11 +85,10 @@ void allreduceRsAg(Communicator& c, const OpDesc& op, const void* in, void* out)
       c.waitAll(sa);
     }
     first = false;
-    size_t b, e;
-    partition(ck, n, me, 64 / es ? 64 / es : 1, &b, &e);
+    partition(ck, n, me, align, &b, &e);
     uint64_t sb = c.nextStep();
     if (e > b) {
-      for (int r = 0; r < n; ++r) srcs[r] = c.slot(r, sa) + b * es;
+      for (int r = 0; r < n; ++r) srcs[r] = (r == me ? inChunk : c.slot(r, sa)) + b * es;
       uint8_t* mine = c.slot(me, sb) + b * es;
       reduce::reduceN(op.dtype, kernelOp(op.redop), mine, srcs.data(), n, e - b);
       finishAvg(op, n, mine, e - b);
@@ -91,7 +96,7 @@ void allreduceRsAg(Communicator& c, const OpDesc& op, const void* in, void* out)
     c.publish(sb);
     c.waitAll(sb);
     for (int r = 0; r < n; ++r) {
-      partition(ck, n, r, 64 / es ? 64 / es : 1, &b, &e);
+      partition(ck, n, r, align, &b, &e);
       if (e > b) std::memcpy(outChunk + b * es, c.slot(r, sb) + b * es, (e - b) * es);
     }
     done += ck;

@@ -72,12 +72,11 @@ WaitResult waitAtLeast(Counter& c, uint64_t target, std::chrono::microseconds sl
   for (int i = 1;; ++i) {
     cpuRelax();
     if (c.value.load(std::memory_order_acquire) >= target) return WaitResult::kReached;
-    if ((i & 255) == 0) {
+    if ((i & 63) == 0) {
       struct timespec t;
       clock_gettime(CLOCK_MONOTONIC, &t);
       int64_t elapsed = (t.tv_sec - t0.tv_sec) * 1000000000LL + (t.tv_nsec - t0.tv_nsec);
       if (elapsed > budget) break;
-      sched_yield();
     }
   }
   uint32_t seen = c.futexWord.load(std::memory_order_seq_cst);

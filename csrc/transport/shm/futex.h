@@ -4,8 +4,10 @@
 // A waiter first spins for BRAID_SHM_SPIN_US (a few microseconds: the common
 // case with one rank per core), then sleeps on a process-shared futex. The
 // publisher only makes the wake syscall when someone sleeps. With more ranks
-// than cores (4 ranks on 2 cores) spinning would steal the core from the very
-// peer being waited for, so the spin yields and is kept short.
+// than cores (4 ranks on 2 cores) spinning steals the core from the very peer
+// being waited for, so the spin is kept short. It never calls sched_yield:
+// on a loaded machine a yield can hand the core to an unrelated process for a
+// whole scheduling period (milliseconds), while a futex wake is immediate.
 #pragma once
 
 #include <atomic>

@@ -1,0 +1,32 @@
+#!/usr/bin/env bash
+# Builds braid against the torch of /usr/bin/python3 and runs its tests:
+# the C++ suites (ctest), the Python suites (pytest), and a consumer of the
+# installed CMake package. tests/run_all.sh runs this once per torch version.
+#
+# BRAID_TEST_TIER=fast (default) or all (adds the slow tier).
+set -euo pipefail
+repo=$(cd "$(dirname "$0")/.." && pwd)
+cd "$repo"
+PY=/usr/bin/python3
+tier=${BRAID_TEST_TIER:-fast}
+torch_version=$($PY -c 'import torch; print(torch.__version__.split("+")[0])')
+pyver=$($PY -c 'import sys; print(f"{sys.version_info.major}{sys.version_info.minor}")')
+build="$repo/build/py$pyver-torch$torch_version"
+echo "=== torch $torch_version: build" >&2
+"$repo/tools/setup.sh"
+
+echo "=== torch $torch_version: C++ tests" >&2
+ctest --test-dir "$build" --output-on-failure -j "$(nproc)" --timeout 600
+
+echo "=== torch $torch_version: installed-package consumer" >&2
+prefix="$build/install"
+cmake --install "$build" --prefix "$prefix" >/dev/null
+cmake -S tests/package -B "$build/consumer" -DCMAKE_PREFIX_PATH="$prefix" >/dev/null
+cmake --build "$build/consumer" -j "$(nproc)" >/dev/null
+"$build/consumer/consumer"
+
+echo "=== torch $torch_version: Python tests ($tier tier)" >&2
+export PYTHONPATH="$repo/python${PYTHONPATH:+:$PYTHONPATH}"
+marker=(-m "not slow")
+[[ $tier == all ]] && marker=()
+$PY -m pytest tests/python -q -p no:cacheprovider "${marker[@]}" ${BRAID_PYTEST_ARGS:-}

@@ -1,0 +1,35 @@
+#!/usr/bin/env bash
+# Installs what braid needs from Debian's archive (when missing) and builds
+# the extension in place. Safe to re-run: apt is skipped when all is there,
+# and the build is incremental (ccache).
+#
+# Uses /usr/bin/python3: Debian's python3-torch lives there, and the python3
+# first on PATH may be another interpreter without torch.
+set -euo pipefail
+repo=$(cd "$(dirname "$0")/.." && pwd)
+PY=${BRAID_PYTHON:-/usr/bin/python3}
+
+pkgs=(python3-torch libtorch-dev pybind11-dev python3-pytest python3-dev python3-setuptools
+      cmake g++ make ccache libgtest-dev)
+[[ "${BRAID_SETUP_EXTRA:-}" ]] && pkgs+=(${BRAID_SETUP_EXTRA})
+missing=()
+for p in "${pkgs[@]}"; do
+  dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")
+done
+if ((${#missing[@]})); then
+  echo "setup: installing ${missing[*]}" >&2
+  SUDO=""; [[ $(id -u) != 0 ]] && SUDO=sudo
+  $SUDO apt-get update -qq
+  DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -qq --no-install-recommends "${missing[@]}" >/dev/null
+fi
+
+cd "$repo"
+export CCACHE_DIR=${CCACHE_DIR:-$repo/build/ccache}
+echo "setup: building torch_braid for $($PY -c 'import torch; print("torch", torch.__version__)')" >&2
+log=$(mktemp)
+if ! BRAID_JOBS=${BRAID_JOBS:-$(nproc)} $PY setup.py build_ext --inplace >"$log" 2>&1; then
+  tail -60 "$log" >&2
+  echo "setup: build failed (full log: $log)" >&2
+  exit 1
+fi
+rm -f "$log"

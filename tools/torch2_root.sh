@@ -1,0 +1,54 @@
+#!/usr/bin/env bash
+# Runs a command inside a Debian root that has torch 2.x (trixie: torch 2.6),
+# made with debootstrap on first use, with this repository bind-mounted at /braid.
+#
+#   tools/torch2_root.sh [--suite trixie|sid] -- COMMAND...
+#
+# BRAID_ROOT_DIR (default /var/tmp/braid-roots) holds the roots; they are
+# reused across runs. Needs root (debootstrap, mount, chroot).
+set -euo pipefail
+
+suite=trixie
+if [[ "${1:-}" == "--suite" ]]; then suite=$2; shift 2; fi
+[[ "${1:-}" == "--" ]] && shift
+
+repo=$(cd "$(dirname "$0")/.." && pwd)
+base=${BRAID_ROOT_DIR:-/var/tmp/braid-roots}
+root=$base/$suite
+pkgs=python3-torch,libtorch-dev,pybind11-dev,python3-pytest,g++,cmake,make,python3-dev,python3-setuptools,ccache,libgtest-dev,procps
+
+if [[ ! -f $root/.braid-ready ]]; then
+  command -v debootstrap >/dev/null || {
+    apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq debootstrap
+  }
+  echo "torch2_root: creating $suite root in $root (a few minutes)" >&2
+  rm -rf "$root"
+  mkdir -p "$base"
+  debootstrap --variant=minbase --include=$pkgs "$suite" "$root" >"$base/$suite.log" 2>&1 || {
+    tail -20 "$base/$suite.log" >&2
+    exit 1
+  }
+  touch "$root/.braid-ready"
+fi
+
+mounted=()
+cleanup() {
+  for ((i = ${#mounted[@]} - 1; i >= 0; i--)); do umount -l "${mounted[i]}" 2>/dev/null || true; done
+}
+trap cleanup EXIT
+bind() {  # bind SRC DST
+  mkdir -p "$2"
+  mountpoint -q "$2" && umount -l "$2" || true
+  mount --bind "$1" "$2"
+  mounted+=("$2")
+}
+bind /proc "$root/proc"
+bind /dev "$root/dev"
+bind /dev/shm "$root/dev/shm"
+bind "$repo" "$root/braid"
+cp /etc/resolv.conf "$root/etc/resolv.conf" 2>/dev/null || true
+
+# Debian's torch 2.6 has no libuv TCPStore.
+env -i PATH=/usr/sbin:/usr/bin:/sbin:/bin HOME=/root USE_LIBUV=0 CI="${CI:-}" \
+  BRAID_TEST_TIER="${BRAID_TEST_TIER:-fast}" CCACHE_DIR=/braid/build/ccache-root \
+  chroot "$root" /bin/bash -c 'cd /braid && "$@"' bash "$@"
