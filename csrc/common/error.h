@@ -22,6 +22,13 @@ class TimeoutError : public Error {
   using Error::Error;
 };
 
+// A peer died, left the group, or the group was shut down: the ranks are out
+// of step and the group cannot be used again.
+class PeerLostError : public Error {
+ public:
+  using Error::Error;
+};
+
 namespace detail {
 inline void appendAll(std::ostringstream&) {}
 template <typename T, typename... Rest>
