@@ -73,7 +73,14 @@ void Engine::shutdown() {
   }
   cv_.notify_all();
   comm_->window().abort();  // a job stuck waiting for a peer returns now
-  if (worker_.joinable()) worker_.join();
+  if (worker_.joinable()) {
+    // The last reference can drop inside a future callback on the worker.
+    if (worker_.get_id() == std::this_thread::get_id()) {
+      worker_.detach();
+    } else {
+      worker_.join();
+    }
+  }
   for (auto& j : dropped) {
     if (j.fail) j.fail(std::make_exception_ptr(Error("braid: the group was shut down")));
   }

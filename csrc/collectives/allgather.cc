@@ -12,6 +12,7 @@ namespace {
 // all ranks copy every block out (allgather) or the root alone (gather).
 void gatherImpl(Communicator& c, const OpDesc& op, const void* in, void* const* outs,
                 bool everyone) {
+  if (c.useDirect(op.bytes())) return allgatherDirect(c, op, in, outs, everyone);
   c.beginOp(op);
   const int n = c.size();
   const int me = c.rank();
@@ -52,6 +53,7 @@ void gather(Communicator& c, const OpDesc& op, const void* in, void* const* outs
 
 // The root writes one piece per rank into its slot; each rank copies its own.
 void scatter(Communicator& c, const OpDesc& op, const void* const* ins, void* out) {
+  if (c.useDirect(op.bytes())) return scatterDirect(c, op, ins, out);
   c.beginOp(op);
   const int n = c.size();
   const int me = c.rank();

@@ -24,7 +24,9 @@ void finishAvg(const OpDesc& op, int n, void* buf, size_t count) {
 
 void allreduce(Communicator& c, const OpDesc& op, const void* in, void* out) {
   const size_t oneShotMax = static_cast<size_t>(kOneShotMax.get());
-  if (op.bytes() <= oneShotMax && op.bytes() <= c.slotBytes()) {
+  if (op.bytes() > oneShotMax && c.useDirect(op.bytes())) {
+    allreduceDirect(c, op, in, out);
+  } else if (op.bytes() <= oneShotMax && op.bytes() <= c.slotBytes()) {
     allreduceOneShot(c, op, in, out);
   } else {
     allreduceRsAg(c, op, in, out);

@@ -10,6 +10,7 @@ namespace collectives {
 // out as soon as it is published. With two slots the root runs one chunk
 // ahead of the slowest reader (Note [Step protocol]).
 void broadcast(Communicator& c, const OpDesc& op, void* buf) {
+  if (c.useDirect(op.bytes())) return broadcastDirect(c, op, buf);
   c.beginOp(op);
   const bool root = c.rank() == op.root;
   const size_t total = op.bytes();

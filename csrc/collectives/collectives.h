@@ -41,6 +41,24 @@ void alltoall(Communicator& c, const OpDesc& op, const void* const* ins, void* c
 
 void barrier(Communicator& c, const OpDesc& op);
 
+// Note [Direct transfers]
+// Where the OS lets the ranks of a group read each other's memory
+// (process_vm_readv: same user, no ptrace restrictions; probed when the group
+// is created), ops of BRAID_DIRECT_MIN_BYTES and more skip shared memory:
+// the header step publishes each rank's buffer addresses, and each rank then
+// copies what it needs straight from its peers' buffers, once, instead of
+// twice through a slot. Reductions read a peer's share into a cache-sized
+// scratch buffer and combine it with their own input straight into their
+// output. A final step keeps every rank in the op until its peers have
+// finished reading its buffers, so the caller can reuse them at once.
+void allreduceDirect(Communicator& c, const OpDesc& op, const void* in, void* out);
+void broadcastDirect(Communicator& c, const OpDesc& op, void* buf);
+void allgatherDirect(Communicator& c, const OpDesc& op, const void* in, void* const* outs,
+                     bool everyone);
+void scatterDirect(Communicator& c, const OpDesc& op, const void* const* ins, void* out);
+void reduceScatterDirect(Communicator& c, const OpDesc& op, const void* const* ins, void* out);
+void alltoallDirect(Communicator& c, const OpDesc& op, const void* const* ins, void* const* outs);
+
 // The op's header step alone, for a rank that failed its argument checks:
 // tells the peers, then throws op.localError. See Note [Op headers].
 void failOp(Communicator& c, const OpDesc& op);

@@ -5,9 +5,14 @@
 #include <sstream>
 
 #include "common/error.h"
+#include "common/settings.h"
 
 namespace braid {
 namespace collectives {
+
+BRAID_SETTING_INT(kDirectMin, "BRAID_DIRECT_MIN_BYTES", 256 << 10,
+                  "Smallest op (bytes per rank) that reads peers' memory directly instead of "
+                  "copying through shared memory; needs direct reads (BRAID_SHM_CMA).");
 
 namespace {
 
@@ -26,6 +31,8 @@ struct WireHeader {
   int32_t failed;
   uint64_t count;
   uint64_t maxSendBytes;
+  uint64_t inAddr;
+  uint64_t outAddr;
   Shape shape;
   char message[kMessageBytes];
 };
@@ -70,7 +77,23 @@ bool Shape::operator==(const Shape& o) const {
 }
 
 Communicator::Communicator(std::unique_ptr<transport::Window> window)
-    : window_(std::move(window)), rank_(window_->rank()), size_(window_->size()) {}
+    : window_(std::move(window)),
+      rank_(window_->rank()),
+      size_(window_->size()),
+      scratch_(2 * window_->slotBytes()),
+      directMin_(static_cast<size_t>(kDirectMin.get())) {}
+
+bool Communicator::useDirect(size_t bytes) const {
+  return window_->canReadPeers() && bytes >= directMin_;
+}
+
+uint64_t Communicator::inAddr(int rank, uint64_t step) { return headerAt(*window_, rank, step)->inAddr; }
+uint64_t Communicator::outAddr(int rank, uint64_t step) {
+  return headerAt(*window_, rank, step)->outAddr;
+}
+uint64_t Communicator::peerAddr(int rank, uint64_t step, int which) {
+  return reinterpret_cast<const uint64_t*>(window_->control(rank, step) + kMetaOffset)[2 * size_ + which];
+}
 
 Communicator::~Communicator() = default;
 
@@ -107,6 +130,12 @@ void Communicator::writeHeader(const OpDesc& op, uint64_t step) {
   std::memcpy(h->message, op.localError.data(), n);
   h->message[n] = '\0';
   h->maxSendBytes = 0;
+  h->inAddr = op.inAddr;
+  h->outAddr = op.outAddr;
+  if (!op.peerAddrs.empty()) {
+    auto* meta = reinterpret_cast<uint64_t*>(window_->control(rank_, step) + kMetaOffset);
+    for (int j = 0; j < size_; ++j) meta[2 * size_ + j] = op.peerAddrs[j];
+  }
   if (op.kind == OpKind::kAlltoall && op.sendBytes) {
     auto* meta = reinterpret_cast<uint64_t*>(window_->control(rank_, step) + kMetaOffset);
     for (int j = 0; j < size_; ++j) {

@@ -59,6 +59,12 @@ struct OpDesc {
   // alltoall: bytes this rank sends to / receives from each rank (size() each)
   const uint64_t* sendBytes = nullptr;
   const uint64_t* recvBytes = nullptr;
+  // Addresses of this rank's buffers, for peers' direct reads
+  // (Note [Direct transfers]): the input (or the root's buffer) and output,
+  // and, for ops with one buffer per peer, one address per rank.
+  uint64_t inAddr = 0;
+  uint64_t outAddr = 0;
+  std::vector<uint64_t> peerAddrs;
   // Set when this rank failed the op's argument checks: the op then only
   // tells the peers (see Note [Op headers]) and throws this message.
   std::string localError;
@@ -94,6 +100,19 @@ class Communicator {
   void wait(int peer, uint64_t step) { window_->wait(peer, step, ctx_); }
   // The largest alltoall send size any rank announced in `step`'s header.
   uint64_t maxAnnouncedBytes(uint64_t step);
+  // Buffer addresses `rank` announced in `step`'s header.
+  uint64_t inAddr(int rank, uint64_t step);
+  uint64_t outAddr(int rank, uint64_t step);
+  uint64_t peerAddr(int rank, uint64_t step, int which);
+
+  // Whether an op of `bytes` moves by direct reads (Note [Direct transfers]).
+  bool useDirect(size_t bytes) const;
+  // Copies from `peer`'s memory, for the current op.
+  void readPeer(int peer, uint64_t addr, void* dst, size_t bytes) {
+    window_->readPeer(peer, addr, dst, bytes, ctx_);
+  }
+  // Scratch memory of 2 * slotBytes() for this rank's private use.
+  uint8_t* scratch() { return scratch_.data(); }
 
   // Breaks the group for good after an error that leaves ranks out of step
   // (a timeout, a dead peer): later ops fail at once with the first error.
@@ -110,6 +129,8 @@ class Communicator {
   uint64_t opSeq_ = 0;
   transport::WaitContext ctx_;
   std::string broken_;
+  std::vector<uint8_t> scratch_;
+  size_t directMin_ = 0;
 };
 
 // Splits `count` elements into `parts` nearly equal ranges whose starts are

@@ -13,6 +13,7 @@ namespace collectives {
 // Traffic per rank: n pieces in, n pieces read, one written. gloo instead
 // emulates this with a full allreduce (twice the traffic).
 void reduceScatter(Communicator& c, const OpDesc& op, const void* const* ins, void* out) {
+  if (c.useDirect(op.bytes())) return reduceScatterDirect(c, op, ins, out);
   c.beginOp(op);
   const int n = c.size();
   const int me = c.rank();
@@ -52,6 +53,9 @@ void reduceScatter(Communicator& c, const OpDesc& op, const void* const* ins, vo
 // rank j. The number of steps comes from the largest block any rank sends,
 // announced in the header, so every rank runs the same number.
 void alltoall(Communicator& c, const OpDesc& op, const void* const* ins, void* const* outs) {
+  // Sizes differ per pair and are only agreed after the header step, so the
+  // choice cannot depend on them: direct whenever the group allows it.
+  if (c.window().canReadPeers()) return alltoallDirect(c, op, ins, outs);
   c.beginOp(op);
   const int n = c.size();
   const int me = c.rank();

@@ -79,6 +79,15 @@ class Window {
   // Whether `peer` is gone (exited or closed the group); for pollers.
   virtual bool peerGone(int peer, std::string* why) = 0;
 
+  // Single-copy reads from a peer's private memory (cross-memory attach),
+  // when every rank of the group may read every other's (probed at
+  // creation; BRAID_SHM_CMA=0 turns it off). See Note [Direct transfers].
+  virtual bool canReadPeers() const = 0;
+  // Copies `bytes` at `remoteAddr` in `peer`'s address space to `dst`.
+  // Throws braid::Error naming op and rank on failure.
+  virtual void readPeer(int peer, uint64_t remoteAddr, void* dst, size_t bytes,
+                        const WaitContext& ctx) = 0;
+
   // Makes every current and future wait throw; for shutdown.
   virtual void abort() = 0;
   // Tells peers this rank left the group (they fail instead of timing out).

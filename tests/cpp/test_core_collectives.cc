@@ -57,9 +57,7 @@ float val(int rank, size_t i) { return static_cast<float>((rank + 1) * 1000 + i 
 class Sizes : public ::testing::TestWithParam<std::tuple<int, size_t>> {};
 
 // A 4 KiB slot makes every count above 1024 floats take the chunked paths.
-TEST_P(Sizes, AllCollectivesMatchClosedForms) {
-  const int n = std::get<0>(GetParam());
-  const size_t count = std::get<1>(GetParam());
+void checkAllCollectives(int n, size_t count) {
   Group g(n, 4096);
   runRanks(n, [&](int r) {
     Communicator& c = *g.comms[r];
@@ -120,11 +118,32 @@ TEST_P(Sizes, AllCollectivesMatchClosedForms) {
   });
 }
 
+TEST_P(Sizes, AllCollectivesMatchClosedForms) {
+  checkAllCollectives(std::get<0>(GetParam()), std::get<1>(GetParam()));
+}
+
+// The same through direct reads of peers' memory (Note [Direct transfers]),
+// and with direct reads turned off entirely.
+TEST_P(Sizes, DirectPathMatchesClosedForms) {
+  setenv("BRAID_DIRECT_MIN_BYTES", "0", 1);
+  checkAllCollectives(std::get<0>(GetParam()), std::get<1>(GetParam()));
+  unsetenv("BRAID_DIRECT_MIN_BYTES");
+}
+
+TEST_P(Sizes, SharedMemoryOnlyMatchesClosedForms) {
+  setenv("BRAID_SHM_CMA", "0", 1);
+  checkAllCollectives(std::get<0>(GetParam()), std::get<1>(GetParam()));
+  unsetenv("BRAID_SHM_CMA");
+}
+
 INSTANTIATE_TEST_SUITE_P(Core, Sizes,
                          ::testing::Combine(::testing::Values(1, 2, 3, 4, 5),
                                             ::testing::Values(0, 1, 7, 1023, 5000)));
 
-TEST(Alltoall, UnevenSplits) {
+class Alltoall : public ::testing::TestWithParam<bool> {};
+
+TEST_P(Alltoall, UnevenSplits) {
+  if (!GetParam()) setenv("BRAID_SHM_CMA", "0", 1);
   for (int n : {1, 2, 3, 5}) {
     Group g(n, 4096);
     runRanks(n, [&](int r) {
@@ -149,7 +168,10 @@ TEST(Alltoall, UnevenSplits) {
         for (uint8_t b : outs[j]) ASSERT_EQ(b, static_cast<uint8_t>(j * 16 + r));
     });
   }
+  unsetenv("BRAID_SHM_CMA");
 }
+
+INSTANTIATE_TEST_SUITE_P(DirectAndShm, Alltoall, ::testing::Values(true, false));
 
 TEST(Errors, ShapeMismatchIsSeenByEveryRankAndTheGroupRecovers) {
   Group g(3, 4096);

@@ -1,9 +1,11 @@
 #include "transport/shm/window.h"
 
 #include <signal.h>
+#include <sys/uio.h>
 #include <unistd.h>
 
 #include <cerrno>
+#include <cstring>
 #include <sstream>
 
 #include "common/error.h"
@@ -17,6 +19,9 @@ namespace shm {
 
 BRAID_SETTING_INT(kSlotBytes, "BRAID_SHM_SLOT_BYTES", 1 << 20,
                   "Data bytes per shared-memory slot: the chunk size of pipelined collectives.");
+BRAID_SETTING_BOOL(kUseCma, "BRAID_SHM_CMA", true,
+                   "Let large transfers read peers' memory directly (process_vm_readv) when "
+                   "the OS permits it; 0 keeps every transfer in shared memory.");
 BRAID_SETTING_INT(kChannelBytes, "BRAID_SHM_P2P_BYTES", 256 << 10,
                   "Bytes of each point-to-point ring (one per ordered pair of ranks).");
 
@@ -46,7 +51,26 @@ struct ShmWindow::RankHeader {
   uint64_t totalBytes;
   int32_t pid;
   std::atomic<int32_t> closed;
+  uint64_t probeAddr;   // address, in this process, of a word holding probeValue
+  uint64_t probeValue;
 };
+
+namespace {
+// Reads `bytes` from `pid`'s memory; returns false on any failure.
+bool cmaRead(int pid, uint64_t addr, void* dst, size_t bytes) {
+  auto* out = static_cast<uint8_t*>(dst);
+  while (bytes > 0) {
+    struct iovec local{out, bytes};
+    struct iovec remote{reinterpret_cast<void*>(addr), bytes};
+    ssize_t n = process_vm_readv(pid, &local, 1, &remote, 1, 0);
+    if (n <= 0) return false;
+    out += n;
+    addr += n;
+    bytes -= n;
+  }
+  return true;
+}
+}  // namespace
 
 ShmWindow::ShmWindow(int rank, int size, size_t slotBytes, size_t controlBytes,
                      size_t channelBytes)
@@ -72,8 +96,9 @@ std::unique_ptr<ShmWindow> ShmWindow::create(Store& store, int rank, int size,
                 slot);
   BRAID_ENFORCE(chan >= 4096, "init", rank, "BRAID_SHM_P2P_BYTES must be at least 4096, got ",
                 chan);
-  // The control area holds an op header plus two uint64 per rank (alltoall sizes).
-  size_t control = roundUp(512 + 16 * static_cast<size_t>(size), 64);
+  // The control area holds an op header plus three uint64 per rank (alltoall
+  // sizes, per-peer buffer addresses).
+  size_t control = roundUp(512 + 24 * static_cast<size_t>(size), 64);
   std::unique_ptr<ShmWindow> w(new ShmWindow(rank, size, slot, control, chan));
 
   // Keys carry an incarnation number so that a reused store (file://) never
@@ -95,6 +120,9 @@ std::unique_ptr<ShmWindow> ShmWindow::create(Store& store, int rank, int size,
     h->totalBytes = w->totalBytes_;
     h->pid = getpid();
     h->closed.store(0);
+    w->probe_ = std::make_unique<uint64_t>(0x9e3779b97f4a7c15ULL ^ (uint64_t(rank) << 17));
+    h->probeAddr = reinterpret_cast<uint64_t>(w->probe_.get());
+    h->probeValue = *w->probe_;
     for (int j = 0; j < size; ++j) {
       new (mine.base() + w->channelOffset_ + j * (sizeof(RingHeader) + chan)) RingHeader();
     }
@@ -106,8 +134,21 @@ std::unique_ptr<ShmWindow> ShmWindow::create(Store& store, int rank, int size,
       BRAID_ENFORCE(w->header(r)->magic == kMagic, "init", rank, "segment of rank ", r,
                     " has a foreign layout");
     }
-    store.set(prefix + "mapped/" + std::to_string(rank), {1});
-    for (int r = 0; r < size; ++r) store.get(prefix + "mapped/" + std::to_string(r), opts.timeout);
+    // Note [Direct transfers]: probe whether this rank may read every peer's
+    // private memory; the group uses direct reads only if all ranks may.
+    bool canRead = kUseCma.get();
+    for (int r = 0; r < size && canRead; ++r) {
+      uint64_t got = 0;
+      RankHeader* ph = w->header(r);
+      canRead = cmaRead(ph->pid, ph->probeAddr, &got, sizeof(got)) && got == ph->probeValue;
+    }
+    store.set(prefix + "mapped/" + std::to_string(rank), {static_cast<uint8_t>(canRead)});
+    w->canReadPeers_ = true;
+    for (int r = 0; r < size; ++r) {
+      auto v = store.get(prefix + "mapped/" + std::to_string(r), opts.timeout);
+      w->canReadPeers_ = w->canReadPeers_ && !v.empty() && v[0] == 1;
+    }
+    for (int r = 0; r < size; ++r) w->pids_.push_back(w->header(r)->pid);
   } catch (...) {
     mine.unlink();
     throw;
@@ -115,7 +156,8 @@ std::unique_ptr<ShmWindow> ShmWindow::create(Store& store, int rank, int size,
   mine.unlink();
   w->layout();
   BRAID_LOG(kInfo, "shm", rank) << "window ready: " << size << " ranks, " << slot
-                                << " B slots, " << chan << " B p2p rings";
+                                << " B slots, " << chan << " B p2p rings, direct reads "
+                                << (w->canReadPeers_ ? "on" : "off");
   return w;
 }
 
@@ -224,6 +266,18 @@ void ShmWindow::waitActivity(uint32_t epoch, std::chrono::microseconds maxWait) 
 }
 
 void ShmWindow::notifyActivity() { header(rank_)->activity.poke(); }
+
+void ShmWindow::readPeer(int peer, uint64_t remoteAddr, void* dst, size_t bytes,
+                         const WaitContext& ctx) {
+  if (bytes == 0) return;
+  if (!cmaRead(pids_[peer], remoteAddr, dst, bytes)) {
+    int e = errno;
+    std::string why;
+    if (peerGone(peer, &why)) BRAID_THROW(PeerLostError, ctx.op, rank_, why, " in op #", ctx.opSeq);
+    BRAID_THROW(Error, ctx.op, rank_, "reading ", bytes, " bytes of rank ", peer,
+                "'s memory failed: ", std::strerror(e), " (set BRAID_SHM_CMA=0 to avoid direct reads)");
+  }
+}
 
 void ShmWindow::abort() {
   aborted_.store(true);

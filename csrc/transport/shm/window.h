@@ -46,6 +46,9 @@ class ShmWindow : public Window {
   void waitActivity(uint32_t epoch, std::chrono::microseconds maxWait) override;
   void notifyActivity() override;
   bool peerGone(int peer, std::string* why) override;
+  bool canReadPeers() const override { return canReadPeers_; }
+  void readPeer(int peer, uint64_t remoteAddr, void* dst, size_t bytes,
+                const WaitContext& ctx) override;
   void abort() override;
   void markClosed() override;
 
@@ -66,6 +69,9 @@ class ShmWindow : public Window {
   std::vector<Segment> segments_;  // by rank; segments_[rank_] is ours
   std::vector<std::unique_ptr<RingChannel>> to_, from_;
   std::atomic<bool> aborted_{false};
+  bool canReadPeers_ = false;
+  std::vector<int> pids_;
+  std::unique_ptr<uint64_t> probe_;  // read by peers to test direct reads
 };
 
 }  // namespace shm
