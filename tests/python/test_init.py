@@ -1,0 +1,204 @@
+"""Process-group lifecycle: init methods, torchrun, re-init, and what destroy leaves.
+
+Each case spawns its own world (init=False: the test's function does the init),
+because what is tested is the process lifecycle itself. World.close() checks
+that every rank exits with code 0 and that no braid shm entry is left.
+"""
+
+import gc
+import os
+import socket
+import subprocess
+import sys
+import time
+
+import pytest
+
+import harness as H
+
+
+def free_port():
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _collectives_ok(ctx, group=None):
+    """A few collectives on the default group; True when all are right."""
+    torch, dist = ctx.torch, ctx.dist
+    n = ctx.size
+    t = torch.full((100,), float(ctx.rank + 1))
+    dist.all_reduce(t, group=group)
+    b = torch.arange(7) * (ctx.rank == 0)
+    dist.broadcast(b, 0, group=group)
+    dist.barrier(group=group)
+    return bool(torch.equal(t, torch.full((100,), n * (n + 1) / 2))
+                and torch.equal(b, torch.arange(7)))
+
+
+def _init_with(ctx, method, where):
+    dist = ctx.dist
+    kwargs = dict(rank=ctx.rank, world_size=ctx.size, timeout=ctx.timeout)
+    if method == "env":
+        os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(where),
+                          RANK=str(ctx.rank), WORLD_SIZE=str(ctx.size))
+        dist.init_process_group(ctx.backend, init_method="env://", timeout=ctx.timeout)
+    elif method == "tcp":
+        dist.init_process_group(ctx.backend, init_method=f"tcp://127.0.0.1:{where}", **kwargs)
+    elif method == "file":
+        dist.init_process_group(ctx.backend, init_method=f"file://{where}", **kwargs)
+    elif method == "store":
+        dist.init_process_group(ctx.backend, store=ctx.store(where), **kwargs)
+    else:  # a device:backend string (torch 2.x)
+        dist.init_process_group(method, store=ctx.store(where), **kwargs)
+
+
+def _init_method_case(ctx, method, where):
+    _init_with(ctx, method, where)
+    ok = _collectives_ok(ctx)
+    name = ctx.dist.get_backend()
+    ctx.dist.destroy_process_group()
+    return ok, name
+
+
+def _closed_cleanly(world):
+    codes = world.close()
+    assert not world.exit_errors, world.exit_errors
+    assert all(c == 0 for c in codes.values()), f"exit codes: {codes}"
+    assert not world.leaks, f"/dev/shm entries left: {world.leaks}"
+
+
+@pytest.mark.parametrize("method", ["env", "tcp", "file"])
+def test_init_method(method, tmp_path):
+    where = str(tmp_path / "filestore") if method == "file" else free_port()
+    world = H.World(2, init=False, name=f"init-{method}")
+    try:
+        results = world.run(_init_method_case, method, where)
+    finally:
+        _closed_cleanly(world)
+    for r, (ok, name) in enumerate(results):
+        assert ok, f"rank {r}: wrong collective results after {method}:// init"
+        assert name == H.BACKEND, f"rank {r}: get_backend() is {name!r}"
+
+
+def _reinit(ctx, rounds):
+    """destroy_process_group() then init_process_group() again, in the same process."""
+    results = []
+    for i in range(rounds):
+        _init_with(ctx, "store", f"reinit{i}")
+        sub = ctx.dist.new_group([0, 1], backend=ctx.backend, timeout=ctx.timeout)
+        results.append(_collectives_ok(ctx) and _collectives_ok(ctx, sub))
+        ctx.dist.destroy_process_group()
+        results.append(not ctx.dist.is_initialized())
+    return results
+
+
+def test_destroy_then_init_again():
+    world = H.World(2, init=False, name="reinit")
+    try:
+        results = world.run(_reinit, 3)
+    finally:
+        _closed_cleanly(world)
+    for r, res in enumerate(results):
+        assert all(res), f"rank {r}: per-round [collectives ok, destroyed]: {res}"
+
+
+def _threads_after_destroy(ctx):
+    """Thread count (Python's and the kernel's) before init and after destroy."""
+    import threading
+
+    torch = ctx.torch
+    torch.ones(1 << 16).sum()  # start torch's own lazily-created threads first
+    before = (threading.active_count(), H.thread_count())
+    _init_with(ctx, "store", "threads")
+    sub = ctx.dist.new_group(list(range(ctx.size)), backend=ctx.backend, timeout=ctx.timeout)
+    ok = _collectives_ok(ctx) and _collectives_ok(ctx, sub)
+    w = ctx.dist.all_reduce(torch.ones(4), async_op=True)
+    w.wait()
+    del sub, w
+    ctx.dist.destroy_process_group()
+    gc.collect()
+    deadline = time.monotonic() + 5.0  # threads may take a moment to be joined
+    while H.thread_count() > before[1] and time.monotonic() < deadline:
+        time.sleep(0.05)
+    after = (threading.active_count(), H.thread_count())
+    mine = [n for n in H.shm_entries() if f".{os.getpid()}." in n]
+    return ok, before, after, mine
+
+
+def test_destroy_leaves_no_threads():
+    world = H.World(2, init=False, name="threads")
+    try:
+        results = world.run(_threads_after_destroy)
+    finally:
+        _closed_cleanly(world)
+    for r, (ok, before, after, segments) in enumerate(results):
+        assert ok, f"rank {r}: wrong collective results"
+        assert after == before, (f"rank {r}: (python, kernel) threads before init {before}, "
+                                 f"after destroy {after}")
+        assert not segments, f"rank {r}: shm entries after destroy: {segments}"
+
+
+def _destroy_with_work_in_flight(ctx, rounds):
+    """Async collectives on temporaries whose Works are dropped, then destroy at once.
+
+    The backend's thread may then drop the last reference to a tensor that has
+    a Python object (freeing it needs the GIL) while the main thread, holding
+    the GIL, tears the group down and waits for that thread: a deadlock unless
+    the teardown releases the GIL.
+    """
+    torch, dist = ctx.torch, ctx.dist
+    for i in range(rounds):
+        _init_with(ctx, "store", f"inflight{i}")
+        for _ in range(16):
+            dist.all_reduce(torch.full((1 << 16,), 1.0), async_op=True)
+        dist.destroy_process_group()
+    return True
+
+
+def test_destroy_with_dropped_async_work():
+    world = H.World(2, init=False, name="inflight")
+    try:
+        world.run(_destroy_with_work_in_flight, 10, timeout=30)
+    finally:
+        _closed_cleanly(world)
+
+
+def test_torchrun(tmp_path):
+    script = os.path.join(os.path.dirname(__file__), "scripts", "torchrun_allreduce.py")
+    env = dict(os.environ, BRAID_TEST_BACKEND=H.BACKEND, BRAID_TORCHRUN_OUT=str(tmp_path),
+               PYTHONPATH=os.pathsep.join([H.PYTHON_DIR, os.environ.get("PYTHONPATH", "")]))
+    before = H.shm_entries()
+    # Per-rank --redirects/--tee maps: torch 1.13's parser turns the plain values
+    # 0 and 3 into None under Python 3.11 (IntFlag iteration changed) and fails.
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--nnodes=1", "--nproc_per_node=2",
+           "--master_addr=127.0.0.1", f"--master_port={free_port()}",
+           "--redirects=0:2,1:2", "--tee=0:2,1:2", f"--log_dir={tmp_path / 'logs'}", script]
+    try:
+        proc = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=240,
+                              cwd=str(tmp_path))
+    except subprocess.TimeoutExpired as e:
+        pytest.fail(f"torchrun did not finish in 240 s:\n{e.stdout}\n{e.stderr}")
+    out = (proc.stdout + proc.stderr)[-4000:]
+    assert proc.returncode == 0, f"torchrun exit code {proc.returncode}:\n{out}"
+    for r in range(2):
+        result = tmp_path / f"rank{r}"
+        assert result.exists() and result.read_text() == f"ok {r} of 2", out
+    leaked = H.orphaned_segments(before)
+    assert not leaked, f"/dev/shm entries of exited processes: {leaked}"
+
+
+@pytest.mark.parametrize("spec", ["cpu:{b}", "cpu:{b},cuda:nccl"])
+def test_device_backend_string(spec, require_torch2):
+    import torch
+    import torch.distributed as dist
+
+    if "nccl" in spec and not (dist.is_nccl_available() and torch.cuda.is_available()):
+        pytest.skip("no NCCL or no GPU (ProcessGroupNCCL refuses to start without one)")
+    world = H.World(2, init=False, name="devstr")
+    try:
+        results = world.run(_init_method_case, spec.format(b=H.BACKEND), "devstr")
+    finally:
+        _closed_cleanly(world)
+    for r, (ok, _) in enumerate(results):
+        assert ok, f"rank {r}: wrong collective results after init_process_group({spec!r})"
