@@ -42,15 +42,15 @@ class CMakeBuild(build_ext):
             cmake_args.append(f"-DBRAID_SANITIZE={os.environ['BRAID_SANITIZE']}")
         jobs = os.environ.get("BRAID_JOBS", str(os.cpu_count() or 2))
         subprocess.check_call(["cmake", "-S", ROOT, "-B", build_dir] + cmake_args)
-        subprocess.check_call(["cmake", "--build", build_dir, "-j", jobs])
-        dests = [os.path.dirname(os.path.abspath(self.get_ext_fullpath(ext.name)))]
-        if self.inplace:  # _C finds libbraid.so beside it (RPATH $ORIGIN)
-            dests.append(os.path.join(ROOT, "python", "torch_braid"))
-        for dest in dests:
-            os.makedirs(dest, exist_ok=True)
-            for f in os.listdir(build_dir):
-                if (f.startswith("_C") and f.endswith(".so")) or f == "libbraid.so":
-                    shutil.copy2(os.path.join(build_dir, f), os.path.join(dest, f))
+        # The extension only; tests/run_suite.sh builds the C++ test targets.
+        subprocess.check_call(["cmake", "--build", build_dir, "-j", jobs, "--target", "_C"])
+        # _C is self-contained (libbraid's objects are linked in), so builds
+        # for several Python/torch versions can sit side by side.
+        dest = os.path.dirname(os.path.abspath(self.get_ext_fullpath(ext.name)))
+        os.makedirs(dest, exist_ok=True)
+        for f in os.listdir(build_dir):
+            if f.startswith("_C") and f.endswith(".so"):
+                shutil.copy2(os.path.join(build_dir, f), os.path.join(dest, f))
 
 
 setup(

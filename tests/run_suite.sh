@@ -16,6 +16,7 @@ echo "=== torch $torch_version: build" >&2
 "$repo/tools/setup.sh"
 
 echo "=== torch $torch_version: C++ tests" >&2
+cmake --build "$build" -j "$(nproc)" >/dev/null
 ctest --test-dir "$build" --output-on-failure -j "$(nproc)" --timeout 600
 
 echo "=== torch $torch_version: installed-package consumer" >&2

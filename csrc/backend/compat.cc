@@ -18,6 +18,19 @@ bool premulSumFactor(const c10d::ReduceOp& op, double* factor) {
   return true;
 }
 
+c10d::GradBucket makeGradBucket(size_t index, size_t bucketCount, const at::Tensor& buffer,
+                                const std::vector<size_t>& offsets,
+                                const std::vector<size_t>& lengths,
+                                const std::vector<c10::IntArrayRef>& sizes,
+                                const std::vector<at::Tensor>& parameters) {
+#if BRAID_TORCH2
+  return c10d::GradBucket(index, bucketCount, buffer, offsets, lengths, sizes, parameters,
+                          std::nullopt);
+#else
+  return c10d::GradBucket(index, bucketCount, buffer, offsets, lengths, sizes, parameters);
+#endif
+}
+
 c10::intrusive_ptr<c10d::ProcessGroup> wrapAsProcessGroup(
     const c10::intrusive_ptr<BackendBase>& backend, const c10::intrusive_ptr<c10d::Store>& store) {
 #if BRAID_TORCH2

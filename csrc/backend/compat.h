@@ -9,6 +9,7 @@
 #include <torch/csrc/distributed/c10d/Store.hpp>
 #include <torch/csrc/distributed/c10d/Types.hpp>
 #include <torch/csrc/distributed/c10d/Work.hpp>
+#include <torch/csrc/distributed/c10d/comm.hpp>
 
 // Note [torch 1.13 vs 2.x]
 // On 1.13 a third-party backend is a c10d::ProcessGroup. On 2.x it is a
@@ -42,6 +43,13 @@ const char* pythonBaseClassName();
 // The factor of a PREMUL_SUM ReduceOp (1.13 keeps a tensor list, 2.x one
 // tensor). Returns false when the op carries no factor.
 bool premulSumFactor(const c10d::ReduceOp& op, double* factor);
+
+// A c10d::GradBucket (2.x added a sparse-indices argument).
+c10d::GradBucket makeGradBucket(size_t index, size_t bucketCount, const at::Tensor& buffer,
+                                const std::vector<size_t>& offsets,
+                                const std::vector<size_t>& lengths,
+                                const std::vector<c10::IntArrayRef>& sizes,
+                                const std::vector<at::Tensor>& parameters);
 
 // Wraps a braid backend as a c10d::ProcessGroup (itself on 1.13).
 c10::intrusive_ptr<c10d::ProcessGroup> wrapAsProcessGroup(

@@ -11,6 +11,41 @@
 
 namespace py = pybind11;
 
+namespace braid {
+namespace python {
+
+// Note [Releasing the GIL on destruction]
+// destroy_process_group() drops the last Python reference while holding the
+// GIL. Our destructor joins the worker thread, which may at that moment be
+// dropping the last reference to a finished Work's tensors, and freeing a
+// tensor that has a Python object needs the GIL: a deadlock. This holder
+// releases the GIL around the destruction, as torch's own holder for its
+// ProcessGroup does.
+template <typename T>
+class NoGilHolder {
+ public:
+  NoGilHolder() = default;
+  NoGilHolder(c10::intrusive_ptr<T> p) : impl_(std::move(p)) {}  // NOLINT: implicit by design
+  explicit NoGilHolder(T* p) : impl_(c10::intrusive_ptr<T>::unsafe_steal_from_new(p)) {}
+  ~NoGilHolder() {
+    if (impl_ && PyGILState_Check()) {
+      py::gil_scoped_release release;
+      impl_.reset();
+    }
+  }
+  T& operator*() const { return *impl_; }
+  T* operator->() const { return impl_.get(); }
+  T* get() const { return impl_.get(); }
+
+ private:
+  c10::intrusive_ptr<T> impl_;
+};
+
+}  // namespace python
+}  // namespace braid
+
+PYBIND11_DECLARE_HOLDER_TYPE(T, braid::python::NoGilHolder<T>, true);
+
 namespace {
 
 py::dict buildInfo() {
@@ -55,11 +90,12 @@ PYBIND11_MODULE(_C, m) {
   m.attr("__version__") = BRAID_VERSION;
   py::object base = py::module::import("torch._C._distributed_c10d")
                         .attr(braid::compat::pythonBaseClassName());
-  py::class_<braid::ProcessGroupBraid, c10::intrusive_ptr<braid::ProcessGroupBraid>>(
-      m, "ProcessGroupBraid", base)
+  using Holder = braid::python::NoGilHolder<braid::ProcessGroupBraid>;
+  py::class_<braid::ProcessGroupBraid, Holder>(m, "ProcessGroupBraid", base)
       .def(py::init([](const c10::intrusive_ptr<c10d::Store>& store, int rank, int size,
                        std::chrono::milliseconds timeout) {
-             return c10::make_intrusive<braid::ProcessGroupBraid>(store, rank, size, timeout);
+             return Holder(
+                 c10::make_intrusive<braid::ProcessGroupBraid>(store, rank, size, timeout));
            }),
            py::arg("store"), py::arg("rank"), py::arg("size"), py::arg("timeout"),
            py::call_guard<py::gil_scoped_release>())

@@ -1,5 +1,7 @@
 #include "reducer/reducer.h"
 
+#include "backend/compat.h"
+
 #include <ATen/ScalarOps.h>
 #include <torch/csrc/autograd/engine.h>
 #include <torch/csrc/autograd/function.h>
@@ -272,9 +274,8 @@ void Reducer::launchBucket(size_t b) {
     sizes.push_back(params_[i].tensor.sizes());
     params.push_back(params_[i].tensor);
   }
-  // The constructor has the same argument list on torch 1.13 and 2.x.
-  c10d::GradBucket gradBucket(b, buckets_.size(), bucket.buffer, bucket.offsets, bucket.lengths,
-                              sizes, params);
+  c10d::GradBucket gradBucket = compat::makeGradBucket(
+      b, buckets_.size(), bucket.buffer, bucket.offsets, bucket.lengths, sizes, params);
   bucket.future = hook_->runHook(gradBucket);
   BRAID_ENFORCE(bucket.future, "ddp", rank_, "the comm hook returned no future for bucket ", b);
 }
