@@ -26,6 +26,12 @@ cmake -S tests/package -B "$build/consumer" -DCMAKE_PREFIX_PATH="$prefix" >/dev/
 cmake --build "$build/consumer" -j "$(nproc)" >/dev/null
 "$build/consumer/consumer"
 
+echo "=== torch $torch_version: C++ DDP example under torchrun --no_python" >&2
+cmake -S examples/cpp -B "$build/example" -DCMAKE_PREFIX_PATH="$prefix" >/dev/null
+cmake --build "$build/example" -j "$(nproc)" >/dev/null
+(cd "$build/example" && OMP_NUM_THREADS=1 timeout 300 "$repo/tools/torchrun" --standalone \
+  --nproc_per_node=2 --no_python ./train --checkpoint "$build/example/checkpoint.pt")
+
 echo "=== torch $torch_version: Python tests ($tier tier)" >&2
 export PYTHONPATH="$repo/python${PYTHONPATH:+:$PYTHONPATH}"
 marker=(-m "not slow")

@@ -1,0 +1,411 @@
+#!/usr/bin/env python3
+"""DDP training throughput: PyTorch DDP on gloo and on braid, braid's reducer, and each
+torch_braid.hooks communication hook, side by side in the same processes.
+
+    /usr/bin/python3 benchmarks/ddp.py --quick                    # MLP, 2 ranks, < 2 minutes
+    /usr/bin/python3 benchmarks/ddp.py --ranks 1,2,4 --models mlp,cnn,transformer \
+        --bucket-mb 5,25 --steps 10 --rounds 3 --json results/ddp.json
+    torchrun --nproc-per-node 2 benchmarks/ddp.py --models mlp      (one world size)
+
+Rows (per model, bucket cap and world size):
+  ddp/<backend>            torch.nn.parallel.DistributedDataParallel on that group
+  ddp/<backend>+<hook>     the same with a torch_braid.hooks hook (Python hook path)
+  reducer/braid[+<hook>]   torch_braid.ddp.DistributedDataParallel (skipped if absent)
+Models: mlp (6 x Linear(2048, 2048), batch 1: 25M parameters, communication-bound), cnn (a
+small conv net, batch 16 of 3x32x32), transformer (one TransformerEncoderLayer, d_model 256,
+4 heads, feed-forward 1024: 0.8M parameters; batch 2 x 32 tokens).
+
+A step is zero_grad, forward, MSE loss, backward, SGD step. steps/s = steps / the slowest
+rank's time for --steps steps, after --warmup steps (DDP rebuilds its buckets after the first
+one; PowerSGD starts compressing at iteration 2 here). Every configuration is built afresh
+in each of --rounds rounds, in alternating order, and its steps/s is the median over rounds
+(Note [Rounds] in collectives.py: the speed of a shared machine drifts). After each timed
+block the replicas' parameters are compared through the control group; a mismatch fails the
+run.
+
+wire MB/step: bytes each rank moves per step under the nccl-tests convention (allreduce of S
+bytes: S * 2(n-1)/n; allgather of S bytes per rank: S * (n-1)). Hooks count what they issue;
+rows without a hook are computed from the parameter bytes (every gradient is allreduced once).
+Ratios: braid/gloo = ddp/braid over ddp/gloo; vs base = a hook row over the same backend's
+no-hook row, reducer over ddp/braid; eff = steps/s at n ranks over steps/s at 1 rank (same
+per-rank batch: ideal 1.0). Targets (2 ranks, MLP) are checked at the end.
+"""
+
+import argparse
+import gc
+import json
+import os
+import statistics
+import sys
+import tempfile
+import time
+
+_HERE = os.path.dirname(os.path.abspath(__file__))
+sys.path.insert(0, _HERE)
+# The in-tree package (setup.py build_ext --inplace) when torch_braid is not installed.
+sys.path.append(os.path.join(os.path.dirname(_HERE), "python"))
+
+import _bench_common as bc  # noqa: E402
+
+torch = dist = None  # imported in the ranks only
+
+MODELS = ("mlp", "cnn", "transformer")
+HOOKS = ("allreduce", "fp16", "bf16", "powersgd", "int8")
+# PyTorch's own Python hooks (torch.distributed.algorithms.ddp_comm_hooks), for reference.
+TORCH_HOOKS = ("torch_allreduce", "torch_fp16", "torch_bf16", "torch_powersgd")
+PART_ENV = "BENCH_DDP_PART"  # where a child world writes its results (ranks sweep)
+TARGETS = [
+    # (label, row, base row, ratio kind, threshold): checked on mlp at 2 ranks
+    ("MLP batch 1: PyTorch DDP on braid vs on gloo (steps/s)", "ddp/braid", "ddp/gloo",
+     "speed", 1.6),
+    ("braid reducer vs PyTorch DDP, both on braid (steps/s)", "reducer/braid", "ddp/braid",
+     "speed", 1.0),
+    ("bf16 hook vs no hook on braid (steps/s)", "ddp/braid+bf16", "ddp/braid", "speed", 1.3),
+    ("bf16 hook vs no hook on braid (bytes, at most)", "ddp/braid+bf16", "ddp/braid",
+     "bytes", 0.5),
+    ("PowerSGD hook vs no hook on braid (bytes, at most 1/10)", "ddp/braid+powersgd",
+     "ddp/braid", "bytes", 0.1),
+]
+
+
+# ---- models --------------------------------------------------------------------------------------
+def make_model(name, args):
+    """(module, input, target); the same on every rank (seeded) and for every row."""
+    nn = torch.nn
+    torch.manual_seed(0)
+    g = torch.Generator().manual_seed(1)
+    if name == "mlp":
+        layers = []
+        for i in range(args.mlp_layers):
+            layers.append(nn.Linear(args.mlp_width, args.mlp_width))
+            if i + 1 < args.mlp_layers:
+                layers.append(nn.ReLU())
+        x = torch.randn(args.mlp_batch, args.mlp_width, generator=g)
+        return nn.Sequential(*layers), x, torch.randn(args.mlp_batch, args.mlp_width, generator=g)
+    if name == "cnn":
+        model = nn.Sequential(
+            nn.Conv2d(3, 32, 3, padding=1), nn.ReLU(), nn.Conv2d(32, 64, 3, padding=1), nn.ReLU(),
+            nn.MaxPool2d(2), nn.Conv2d(64, 128, 3, padding=1), nn.ReLU(),
+            nn.AdaptiveAvgPool2d(1), nn.Flatten(), nn.Linear(128, 10))
+        x = torch.randn(args.cnn_batch, 3, 32, 32, generator=g)
+        return model, x, torch.randn(args.cnn_batch, 10, generator=g)
+    if name == "transformer":
+        layer = nn.TransformerEncoderLayer(d_model=256, nhead=4, dim_feedforward=1024,
+                                           dropout=0.0, batch_first=True)
+        x = torch.randn(args.tf_batch, 32, 256, generator=g)
+        return layer, x, torch.randn(args.tf_batch, 32, 256, generator=g)
+    raise ValueError(f"unknown model {name!r} (choose from {', '.join(MODELS)})")
+
+
+# ---- rows ----------------------------------------------------------------------------------------
+class Row:
+    def __init__(self, kind, backend, hook=None):
+        self.kind, self.backend, self.hook = kind, backend, hook  # kind: ddp | reducer
+        self.label = f"{kind}/{backend.label}" + (f"+{hook}" if hook else "")
+
+
+def make_state(hook, group, args):
+    if hook.startswith("torch_"):
+        from torch.distributed.algorithms.ddp_comm_hooks import default_hooks as D
+        from torch.distributed.algorithms.ddp_comm_hooks import powerSGD_hook as P
+
+        if hook == "torch_powersgd":
+            return P.PowerSGDState(process_group=group,
+                                   matrix_approximation_rank=args.powersgd_rank,
+                                   start_powerSGD_iter=2), P.powerSGD_hook
+        fn = {"torch_allreduce": D.allreduce_hook, "torch_fp16": D.fp16_compress_hook,
+              "torch_bf16": D.bf16_compress_hook}[hook]
+        return group, fn
+    import torch_braid.hooks as H
+
+    if hook == "powersgd":
+        return H.powersgd_state(group, matrix_approximation_rank=args.powersgd_rank,
+                                start_powerSGD_iter=2), H.powersgd
+    if hook == "int8":
+        return H.int8_state(group), H.int8_compress
+    fn = {"allreduce": H.allreduce, "fp16": H.fp16_compress, "bf16": H.bf16_compress}[hook]
+    return getattr(H, f"{hook}_state")(group), fn
+
+
+def run_row(row, model_name, bucket_mb, args, reducer_cls):
+    """steps/s of one row (slowest rank), its wire bytes per step and whether replicas agree."""
+    module, x, y = make_model(model_name, args)
+    group = row.backend.group
+    if row.kind == "ddp":
+        net = torch.nn.parallel.DistributedDataParallel(module, process_group=group,
+                                                        bucket_cap_mb=bucket_mb)
+    else:
+        net = reducer_cls(module, process_group=group, bucket_cap_mb=bucket_mb)
+    state = counter = None
+    if row.hook:
+        state, fn = make_state(row.hook, group, args)
+        net.register_comm_hook(state, fn)
+        counter = state if hasattr(state, "wire_bytes") else None
+    opt = torch.optim.SGD(module.parameters(), lr=1e-4)
+    loss_fn = torch.nn.functional.mse_loss
+
+    def step():
+        opt.zero_grad(set_to_none=True)
+        loss_fn(net(x), y).backward()
+        opt.step()
+
+    for _ in range(args.warmup):
+        step()
+    if counter is not None:
+        counter.reset_counters()
+    bc.control_barrier()
+    t0 = time.perf_counter()
+    for _ in range(args.steps):
+        step()
+    elapsed = max(bc.gather_floats(time.perf_counter() - t0))
+    n = dist.get_world_size(group)
+    if counter is not None:
+        wire = counter.wire_bytes / args.steps
+    elif row.hook is None or row.hook == "torch_allreduce":
+        param_bytes = sum(p.numel() * p.element_size() for p in module.parameters())
+        wire = param_bytes * 2 * (n - 1) / n
+    elif row.hook in ("torch_fp16", "torch_bf16"):
+        param_bytes = sum(p.numel() * 2 for p in module.parameters())
+        wire = param_bytes * 2 * (n - 1) / n
+    else:
+        wire = None  # torch's PowerSGD does not count its bytes
+    with torch.no_grad():
+        checksum = sum(float(p.double().sum()) for p in module.parameters())
+    sums = bc.gather_floats(checksum)
+    del net, module, opt, state, counter
+    gc.collect()
+    return args.steps / elapsed, wire, all(s == sums[0] for s in sums)
+
+
+def rows_for(backends, args, reducer_cls):
+    rows = [Row("ddp", b) for b in backends]
+    hook_backends = [b for b in backends if b.name == args.hook_backend] or backends[:1]
+    for b in hook_backends:
+        for h in args.hooks:
+            if h == "torch_bf16" and torch.__version__.startswith("1."):
+                # torch 1.x's DDP refuses bf16_compress_hook without CUDA 11 and NCCL 2.10.
+                if dist.get_rank() == 0:
+                    print(f"# skipped ddp/{b.label}+torch_bf16: torch 1.x accepts it only with "
+                          "CUDA and NCCL", file=sys.stderr)
+                continue
+            rows.append(Row("ddp", b, h))
+    braid = next((b for b in backends if b.name == "braid"), None)
+    if reducer_cls is not None and braid is not None:
+        rows.append(Row("reducer", braid))
+        rows += [Row("reducer", braid, h) for h in args.reducer_hooks]
+    return rows
+
+
+def worker(args):
+    global torch, dist
+    info = bc.init_worker(timeout_s=args.timeout, threads=args.threads)
+    import torch as _torch
+    import torch.distributed as _dist
+
+    torch, dist = _torch, _dist
+    try:
+        backends = bc.resolve_backends(args.backends)
+    except bc.BenchFailure as e:
+        if info.rank == 0:
+            print(f"bench: {e}", file=sys.stderr)
+        return 2
+    for b in backends:
+        b.group = dist.new_group(backend=b.name)
+    reducer_cls, why = None, ""
+    try:
+        from torch_braid.ddp import DistributedDataParallel as reducer_cls  # noqa: N813
+    except Exception as e:  # written by another part of the project; may be absent
+        why = repr(e)
+    if args.hooks:
+        import torch_braid.hooks  # noqa: F401  fails loudly: hooks were asked for
+    rows = rows_for(backends, args, reducer_cls)
+    results = []
+    total = len(args.models) * len(args.bucket_mb) * args.rounds * len(rows)
+    progress = bc.Progress(total, enabled=info.rank == 0 and not args.quiet)
+    for model_name in args.models:
+        for bucket_mb in args.bucket_mb:
+            per_row = {r.label: {"sps": [], "wire": []} for r in rows}
+            for rnd in range(args.rounds):
+                for row in (rows if rnd % 2 == 0 else rows[::-1]):
+                    sps, wire, same = run_row(row, model_name, bucket_mb, args, reducer_cls)
+                    if not same:
+                        raise SystemExit(f"bench: replicas diverged in {row.label} ({model_name},"
+                                         f" bucket {bucket_mb} MB)")
+                    per_row[row.label]["sps"].append(sps)
+                    per_row[row.label]["wire"].append(wire)
+                    progress.update(f"{model_name} {bucket_mb}MB {row.label}")
+            for r in rows:
+                d = per_row[r.label]
+                results.append({"model": model_name, "bucket_mb": bucket_mb,
+                                "ranks": info.world_size, "row": r.label, "kind": r.kind,
+                                "backend": r.backend.name, "hook": r.hook,
+                                "steps_per_s": statistics.median(d["sps"]),
+                                "rounds_steps_per_s": d["sps"],
+                                "wire_bytes_per_step": (statistics.median(d["wire"])
+                                                        if None not in d["wire"] else None)})
+    progress.clear()
+    if info.rank == 0:
+        part = {"ranks": info.world_size, "results": results, "reducer_missing": why,
+                "meta": bc.machine_meta()}
+        out = os.environ.get(PART_ENV)
+        if out:
+            with open(out, "w") as f:
+                json.dump(part, f)
+        else:
+            report([part], args)
+    dist.barrier()
+    for b in backends:
+        dist.destroy_process_group(b.group)
+    dist.destroy_process_group()
+    return 0
+
+
+# ---- report --------------------------------------------------------------------------------------
+def report(parts, args):
+    res = [r for p in parts for r in p["results"]]
+    by = {(r["model"], r["bucket_mb"], r["ranks"], r["row"]): r for r in res}
+    for r in res:
+        key = (r["model"], r["bucket_mb"], r["ranks"])
+        gloo = by.get(key + ("ddp/gloo",))
+        base_row = ("ddp/braid" if r["kind"] == "reducer" else f"ddp/{r['backend']}")
+        base = by.get(key + (base_row,)) if r["row"] != base_row else None
+        one = by.get((r["model"], r["bucket_mb"], 1, r["row"]))
+        r["vs_gloo_ddp"] = r["steps_per_s"] / gloo["steps_per_s"] if gloo else None
+        r["vs_base"] = r["steps_per_s"] / base["steps_per_s"] if base else None
+        r["bytes_vs_base"] = (r["wire_bytes_per_step"] / base["wire_bytes_per_step"]
+                              if base and base["wire_bytes_per_step"]
+                              and r["wire_bytes_per_step"] is not None else None)
+        r["scaling_eff"] = r["steps_per_s"] / one["steps_per_s"] if one and r["ranks"] > 1 else None
+
+    def f(v, fmt):
+        return "-" if v is None else format(v, fmt)
+
+    rows = [[r["model"], str(r["bucket_mb"]), str(r["ranks"]), r["row"],
+             f(r["steps_per_s"], ".2f"), f(1e3 / r["steps_per_s"], ".1f"),
+             f(None if r["wire_bytes_per_step"] is None else r["wire_bytes_per_step"] / 1e6,
+               ".2f"), f(r["vs_gloo_ddp"], ".2f"),
+             f(r["vs_base"], ".2f"), f(r["bytes_vs_base"], ".3f"), f(r["scaling_eff"], ".2f")]
+            for r in res]
+    head = [("", ["model", "MB", "ranks", "row"]),
+            ("speed", ["steps/s", "ms/step"]), ("", ["wire MB/step"]),
+            ("ratios", ["x gloo DDP", "x base", "bytes x base", "eff"])]
+    notes = ["base: the same backend's ddp row for a hook, ddp/braid for the reducer",
+             "eff: steps/s over the 1-rank steps/s of the same row (weak scaling, ideal 1.0)"]
+    missing = next((p["reducer_missing"] for p in parts if p["reducer_missing"]), "")
+    if missing:
+        notes.append(f"reducer rows skipped: torch_braid.ddp did not import ({missing})")
+    print(bc.render_table("DDP training steps/s (median over rounds)", head, rows, notes))
+
+    checks = []
+    for label, row, base_row, kind, threshold in TARGETS:
+        r = by.get(("mlp", args.target_bucket_mb, 2, row))
+        b = by.get(("mlp", args.target_bucket_mb, 2, base_row))
+        if r is None or b is None:
+            checks.append({"target": label, "value": None, "threshold": threshold,
+                           "met": None})
+            continue
+        if kind == "speed":
+            v = r["steps_per_s"] / b["steps_per_s"]
+            met = v >= threshold
+        else:
+            v = r["wire_bytes_per_step"] / b["wire_bytes_per_step"]
+            met = v <= threshold
+        checks.append({"target": label, "value": v, "threshold": threshold, "met": met})
+    print(f"\nTargets (mlp, 2 ranks, bucket {args.target_bucket_mb} MB):")
+    for c in checks:
+        state = "n/a (not measured)" if c["met"] is None else ("met" if c["met"] else "NOT met")
+        value = "" if c["value"] is None else f"{c['value']:.3f} vs {c['threshold']}: "
+        print(f"  {c['target']}: {value}{state}")
+    if args.json:
+        os.makedirs(os.path.dirname(os.path.abspath(args.json)), exist_ok=True)
+        with open(args.json, "w") as fh:
+            json.dump({"args": vars(args), "meta": parts[0]["meta"] if parts else {},
+                       "results": res, "targets": checks}, fh, indent=1)
+        print(f"wrote {args.json}")
+
+
+# ---- launcher ------------------------------------------------------------------------------------
+def parse_args(argv=None):
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
+                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--ranks", default="2",
+                   help="world sizes to run, one job each (e.g. 1,2,4); ignored under torchrun")
+    p.add_argument("--store", choices=("file", "tcp"), default="file")
+    p.add_argument("--backends", default="auto",
+                   help="comma list, e.g. braid,gloo; auto = braid if importable, and gloo")
+    p.add_argument("--models", default="mlp,cnn,transformer")
+    p.add_argument("--bucket-mb", default="25", help="DDP bucket_cap_mb values, e.g. 1,5,25")
+    p.add_argument("--hooks", default=",".join(HOOKS),
+                   help="hooks to time ('' for none); also torch_allreduce, torch_fp16, "
+                        "torch_bf16, torch_powersgd: PyTorch's Python hooks, for reference")
+    p.add_argument("--hook-backend", default="braid",
+                   help="backend the hook rows use (the first backend if it is absent)")
+    p.add_argument("--reducer-hooks", default="bf16",
+                   help="hooks also timed on braid's reducer ('' for none)")
+    p.add_argument("--powersgd-rank", type=int, default=4)
+    p.add_argument("--steps", type=int, default=10)
+    p.add_argument("--warmup", type=int, default=3)
+    p.add_argument("--rounds", type=int, default=3)
+    p.add_argument("--mlp-width", type=int, default=2048)
+    p.add_argument("--mlp-layers", type=int, default=6)
+    p.add_argument("--mlp-batch", type=int, default=1)
+    p.add_argument("--cnn-batch", type=int, default=16)
+    p.add_argument("--tf-batch", type=int, default=2)
+    p.add_argument("--target-bucket-mb", type=float, default=None,
+                   help="bucket cap the targets are read at (default: the largest)")
+    p.add_argument("--threads", type=int, default=1, help="torch threads per rank")
+    p.add_argument("--timeout", type=float, default=600, help="group timeout (s)")
+    p.add_argument("--json", default=None, help="write the results here")
+    p.add_argument("--quick", action="store_true",
+                   help="mlp only, 2 ranks, 1 round of 5 steps: a smoke run under 2 minutes")
+    p.add_argument("--quiet", action="store_true")
+    args = p.parse_args(argv)
+    if args.quick:
+        args.models, args.ranks, args.rounds, args.steps = "mlp", "2", 1, 5
+    args.models = [m for m in args.models.split(",") if m]
+    for m in args.models:
+        if m not in MODELS:
+            p.error(f"unknown model {m!r}; choose from {', '.join(MODELS)}")
+    args.ranks = [int(r) for r in args.ranks.split(",") if r]
+    args.bucket_mb = [float(b) if "." in b else int(b) for b in args.bucket_mb.split(",") if b]
+    args.hooks = [h for h in args.hooks.split(",") if h]
+    args.reducer_hooks = [h for h in args.reducer_hooks.split(",") if h]
+    for h in args.hooks + args.reducer_hooks:
+        if h not in HOOKS + TORCH_HOOKS:
+            p.error(f"unknown hook {h!r}; choose from {', '.join(HOOKS + TORCH_HOOKS)}")
+    if args.warmup < 3 and "powersgd" in args.hooks + args.reducer_hooks:
+        p.error("--warmup must be >= 3 so that PowerSGD (start_powerSGD_iter=2) is compressing")
+    if args.target_bucket_mb is None:
+        args.target_bucket_mb = max(args.bucket_mb)
+    return args
+
+
+def main(argv=None):
+    args = parse_args(argv)
+    if bc.is_worker():  # torchrun, or a child of ours
+        rc = worker(args)
+        # Skip interpreter finalization: torch 1.13 can deadlock there when a gloo
+        # worker thread frees a Python-owned tensor while the main thread joins it.
+        sys.stdout.flush()
+        sys.stderr.flush()
+        os._exit(rc)
+    parts = []
+    with tempfile.TemporaryDirectory(prefix="braid-ddp-bench-") as tmp:
+        for n in args.ranks:
+            out = os.path.join(tmp, f"part{n}.json")
+            os.environ[PART_ENV] = out
+            if not args.quiet:
+                print(f"# {n} rank(s)", file=sys.stderr, flush=True)
+            rc = bc.launch_if_requested(n, args.store)
+            if rc:
+                print(f"bench: the {n}-rank run failed (exit code {rc})", file=sys.stderr)
+                return rc
+            with open(out) as f:
+                parts.append(json.load(f))
+        os.environ.pop(PART_ENV, None)
+    report(parts, args)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,152 @@
+// The averaging hooks: plain allreduce, and allreduce in float16 / bfloat16.
+#include <functional>
+
+#include "backend/compat.h"
+#include "hooks/cast_kernels.h"
+#include "hooks/comm_hooks.h"
+
+namespace braid {
+namespace hooks {
+namespace {
+
+class AllreduceHook : public CommHook {
+ public:
+  using CommHook::CommHook;
+  const char* name() const override { return "allreduce_hook"; }
+
+  c10::intrusive_ptr<c10::ivalue::Future> run(BucketView& bucket) override {
+    checkBuffer(bucket.buffer, name());
+    return allreduceMean(bucket.buffer);
+  }
+};
+
+// Note [bfloat16 on torch 1.13's gloo]
+// ProcessGroupGloo of torch 1.13 has no bfloat16 reduction: its worker thread
+// throws outside any handler and the process aborts (torch 2.x added it).
+// There the bf16 hook allgathers the bfloat16 bits instead (as Half, which
+// gloo only copies) and sums in float32 in rank order, rounding once: the
+// value an allreduce that accumulates in float32 gives, and the same bytes
+// as a bfloat16 allreduce at 2 ranks (2n per rank; 2n(w-1) above).
+bool needsGatherFallback(const c10::intrusive_ptr<c10d::ProcessGroup>& pg,
+                         at::ScalarType wireType) {
+  if (wireType != at::kBFloat16 || compat::kTorch2) return false;
+  try {
+    return pg->getBackendName() == "gloo";
+  } catch (const std::exception&) {
+    return false;  // a group that does not name its backend (1.13 asserts)
+  }
+}
+
+// The bucket is divided by the world size before the sum, and rounded once to
+// the wire type: no float16 overflow where the sum of the gradients, or a
+// gradient itself, exceeds 65504 but its share does not; it costs the low
+// bits of tiny values, which torch's fp16_compress_hook accepts too (torch
+// rounds x, then x / n). float32 buckets go through fused loops
+// (cast_kernels.h): one pass each way instead of three.
+class CastCompressHook : public CommHook {
+ public:
+  CastCompressHook(c10::intrusive_ptr<c10d::ProcessGroup> pg, at::ScalarType wireType,
+                   const char* name)
+      : CommHook(std::move(pg)),
+        wireType_(wireType),
+        name_(name),
+        gatherFallback_(needsGatherFallback(pg_, wireType)) {}
+  const char* name() const override { return name_; }
+
+  c10::intrusive_ptr<c10::ivalue::Future> run(BucketView& bucket) override {
+    checkBuffer(bucket.buffer, name());
+    at::Tensor buffer = bucket.buffer;
+    if (!gatherFallback_ && buffer.scalar_type() == wireType_) return allreduceMean(buffer);
+    at::Tensor compressed = scratch(bucket.index, 0, buffer.numel(), wireType_);
+    narrow(buffer, compressed, static_cast<float>(size_));
+    if (gatherFallback_) return gatherAndSum(bucket.index, buffer, compressed);
+    const at::ScalarType wireType = wireType_;
+    return allreduceSum(compressed)
+        ->then(std::function<c10::IValue(c10::ivalue::Future&)>(
+                   [buffer, compressed, wireType](c10::ivalue::Future& f) mutable {
+                     if (f.hasError()) std::rethrow_exception(f.exception_ptr());
+                     widenInto(buffer, compressed, wireType, /*accumulate=*/false);
+                     return tensorListValue(buffer);
+                   }),
+               tensorListType());
+  }
+
+ private:
+  static Half16 half16(at::ScalarType t) {
+    return t == at::kBFloat16 ? Half16::kBFloat16 : Half16::kFloat16;
+  }
+  static uint16_t* bits(const at::Tensor& t) { return static_cast<uint16_t*>(t.data_ptr()); }
+
+  // compressed = round(buffer / divisor) in the wire type.
+  void narrow(at::Tensor& buffer, at::Tensor& compressed, float divisor) const {
+    if (buffer.scalar_type() == at::kFloat) {
+      narrowDivided(buffer.data_ptr<float>(), bits(compressed), buffer.numel(), divisor,
+                    half16(wireType_));
+    } else {  // float64 or 16-bit buckets: rare, ATen is fine
+      buffer.div_(divisor);
+      compressed.copy_(buffer);
+    }
+  }
+
+  // buffer (+)= widen(src); src holds wire-type values.
+  static void widenInto(at::Tensor& buffer, const at::Tensor& src, at::ScalarType wireType,
+                        bool accumulate) {
+    if (buffer.scalar_type() == at::kFloat) {
+      widen(bits(src), buffer.data_ptr<float>(), buffer.numel(), half16(wireType), accumulate);
+    } else if (accumulate) {
+      buffer.add_(src.to(buffer.scalar_type()));
+    } else {
+      buffer.copy_(src);
+    }
+  }
+
+  // See Note [bfloat16 on torch 1.13's gloo].
+  c10::intrusive_ptr<c10::ivalue::Future> gatherAndSum(size_t index, at::Tensor buffer,
+                                                       at::Tensor compressed) {
+    at::Tensor wire = compressed.view(at::kHalf);
+    std::vector<at::Tensor> gathered;
+    for (int r = 0; r < size_; ++r)
+      gathered.push_back(scratch(index, 1 + r, wire.numel(), at::kHalf));
+    const at::ScalarType wireType = wireType_;
+    return allgather(wire, gathered)
+        ->then(std::function<c10::IValue(c10::ivalue::Future&)>(
+                   [buffer, compressed, gathered, wireType](c10::ivalue::Future& f) mutable {
+                     if (f.hasError()) std::rethrow_exception(f.exception_ptr());
+                     // float32 sum in rank order, then one rounding through the send
+                     // buffer, which is free again.
+                     at::Tensor sum =
+                         buffer.scalar_type() == at::kFloat
+                             ? buffer
+                             : at::empty(buffer.sizes(), buffer.options().dtype(at::kFloat));
+                     for (size_t r = 0; r < gathered.size(); ++r) {
+                       widenInto(sum, gathered[r], wireType, /*accumulate=*/r > 0);
+                     }
+                     narrowDivided(sum.data_ptr<float>(), bits(compressed), sum.numel(), 1.f,
+                                   half16(wireType));
+                     widenInto(buffer, compressed, wireType, /*accumulate=*/false);
+                     return tensorListValue(buffer);
+                   }),
+               tensorListType());
+  }
+
+  const at::ScalarType wireType_;
+  const char* name_;
+  const bool gatherFallback_;
+};
+
+}  // namespace
+
+std::shared_ptr<CommHook> makeAllreduceHook(c10::intrusive_ptr<c10d::ProcessGroup> pg) {
+  return std::make_shared<AllreduceHook>(std::move(pg));
+}
+
+std::shared_ptr<CommHook> makeFp16CompressHook(c10::intrusive_ptr<c10d::ProcessGroup> pg) {
+  return std::make_shared<CastCompressHook>(std::move(pg), at::kHalf, "fp16_compress_hook");
+}
+
+std::shared_ptr<CommHook> makeBf16CompressHook(c10::intrusive_ptr<c10d::ProcessGroup> pg) {
+  return std::make_shared<CastCompressHook>(std::move(pg), at::kBFloat16, "bf16_compress_hook");
+}
+
+}  // namespace hooks
+}  // namespace braid

@@ -1,0 +1,107 @@
+#include "hooks/cast_kernels.h"
+
+#include <c10/util/BFloat16.h>
+#include <c10/util/Half.h>
+
+#include <cstring>
+
+#if defined(__x86_64__) && defined(__GNUC__)
+#include <immintrin.h>
+#define BRAID_CAST_X86 1
+#else
+#define BRAID_CAST_X86 0
+#endif
+
+namespace braid {
+namespace hooks {
+namespace {
+
+// c10::BFloat16's round-to-nearest-even, written so that it vectorizes.
+inline uint16_t bf16Bits(float f) {
+  uint32_t u;
+  std::memcpy(&u, &f, 4);
+  const uint32_t rounded = (u + 0x7fffu + ((u >> 16) & 1u)) >> 16;
+  return f != f ? uint16_t(0x7fc0) : uint16_t(rounded);
+}
+
+inline float bf16Value(uint16_t b) {
+  const uint32_t u = uint32_t(b) << 16;
+  float f;
+  std::memcpy(&f, &u, 4);
+  return f;
+}
+
+void narrowBf16(const float* x, uint16_t* out, size_t n, float divisor) {
+  for (size_t i = 0; i < n; ++i) out[i] = bf16Bits(x[i] / divisor);
+}
+
+void widenBf16(const uint16_t* in, float* out, size_t n, bool accumulate) {
+  if (accumulate) {
+    for (size_t i = 0; i < n; ++i) out[i] += bf16Value(in[i]);
+  } else {
+    for (size_t i = 0; i < n; ++i) out[i] = bf16Value(in[i]);
+  }
+}
+
+void narrowFp16Scalar(const float* x, uint16_t* out, size_t n, float divisor, size_t from) {
+  for (size_t i = from; i < n; ++i) out[i] = c10::Half(x[i] / divisor).x;
+}
+
+void widenFp16Scalar(const uint16_t* in, float* out, size_t n, bool accumulate, size_t from) {
+  for (size_t i = from; i < n; ++i) {
+    const float v = c10::detail::fp16_ieee_to_fp32_value(in[i]);
+    out[i] = accumulate ? out[i] + v : v;
+  }
+}
+
+#if BRAID_CAST_X86
+// F16C converts 8 values per instruction with the same rounding (nearest even).
+__attribute__((target("avx,f16c"))) void narrowFp16F16c(const float* x, uint16_t* out, size_t n,
+                                                        float divisor) {
+  const __m256 d = _mm256_set1_ps(divisor);
+  size_t i = 0;
+  for (; i + 8 <= n; i += 8) {
+    const __m256 v = _mm256_div_ps(_mm256_loadu_ps(x + i), d);
+    _mm_storeu_si128(reinterpret_cast<__m128i*>(out + i),
+                     _mm256_cvtps_ph(v, _MM_FROUND_TO_NEAREST_INT));
+  }
+  narrowFp16Scalar(x, out, n, divisor, i);
+}
+
+__attribute__((target("avx,f16c"))) void widenFp16F16c(const uint16_t* in, float* out, size_t n,
+                                                       bool accumulate) {
+  size_t i = 0;
+  for (; i + 8 <= n; i += 8) {
+    __m256 v = _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(in + i)));
+    if (accumulate) v = _mm256_add_ps(v, _mm256_loadu_ps(out + i));
+    _mm256_storeu_ps(out + i, v);
+  }
+  widenFp16Scalar(in, out, n, accumulate, i);
+}
+
+bool hasF16c() {
+  static const bool has = __builtin_cpu_supports("avx") && __builtin_cpu_supports("f16c");
+  return has;
+}
+#endif
+
+}  // namespace
+
+void narrowDivided(const float* x, uint16_t* out, size_t n, float divisor, Half16 type) {
+  if (type == Half16::kBFloat16) return narrowBf16(x, out, n, divisor);
+#if BRAID_CAST_X86
+  if (hasF16c()) return narrowFp16F16c(x, out, n, divisor);
+#endif
+  narrowFp16Scalar(x, out, n, divisor, 0);
+}
+
+void widen(const uint16_t* in, float* out, size_t n, Half16 type, bool accumulate) {
+  if (type == Half16::kBFloat16) return widenBf16(in, out, n, accumulate);
+#if BRAID_CAST_X86
+  if (hasF16c()) return widenFp16F16c(in, out, n, accumulate);
+#endif
+  widenFp16Scalar(in, out, n, accumulate, 0);
+}
+
+}  // namespace hooks
+}  // namespace braid
