@@ -48,10 +48,10 @@ def train_epoch(ddp, opt, x, y):
 
 def main():
     p = argparse.ArgumentParser()
-    p.add_argument("--epochs", type=int, default=4)
-    p.add_argument("--steps", type=int, default=30)
+    p.add_argument("--epochs", type=int, default=3)
+    p.add_argument("--steps", type=int, default=20)
     p.add_argument("--batch", type=int, default=16)
-    p.add_argument("--width", type=int, default=1024)
+    p.add_argument("--width", type=int, default=512)
     a = p.parse_args()
     torch.set_num_threads(1)  # one core per rank, as on a loaded node
 

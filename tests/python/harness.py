@@ -51,6 +51,17 @@ REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)
 PYTHON_DIR = os.path.join(REPO, "python")
 
 
+def tcp_store(*args, **kwargs):
+    """dist.TCPStore without libuv where torch has the option: Debian's torch
+    2.x is built without libuv but defaults use_libuv=True (USE_LIBUV=0 only
+    reaches init_process_group's rendezvous)."""
+    import torch.distributed as dist
+    try:
+        return dist.TCPStore(*args, use_libuv=False, **kwargs)
+    except TypeError:  # torch 1.x has no use_libuv
+        return dist.TCPStore(*args, **kwargs)
+
+
 def torch_major():
     import torch
 
@@ -131,7 +142,7 @@ class Ctx:
 
     def store(self, prefix):
         """A client of the parent's store, under `prefix` (fresh keys for each init)."""
-        client = self.dist.TCPStore("127.0.0.1", self.port, self.size, False,
+        client = tcp_store("127.0.0.1", self.port, self.size, False,
                                     datetime.timedelta(seconds=START_TIMEOUT))
         return self.dist.PrefixStore(prefix, client)
 
@@ -175,7 +186,7 @@ def _worker(rank, n, cfg, conn):
         import_backend(cfg["backend"])
         if cfg["init"]:
             timeout = datetime.timedelta(seconds=cfg["pg_timeout"])
-            store = dist.TCPStore("127.0.0.1", cfg["port"], n, False,
+            store = tcp_store("127.0.0.1", cfg["port"], n, False,
                                   datetime.timedelta(seconds=START_TIMEOUT))
             # Ranks start seconds apart on a loaded machine; meet before init so
             # that a short group timeout (test_errors) only applies to the test.
@@ -299,7 +310,7 @@ class World:
         self._dir = tempfile.mkdtemp(prefix="braid-test-")
         self._shm_before = shm_entries()
         # The parent hosts the store: no port race, and it outlives any rank.
-        self._store = dist.TCPStore("127.0.0.1", 0, None, True,
+        self._store = tcp_store("127.0.0.1", 0, None, True,
                                     datetime.timedelta(seconds=START_TIMEOUT),
                                     wait_for_workers=False)
         port = self._store.port
