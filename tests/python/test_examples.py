@@ -25,10 +25,13 @@ def _free_port():
         return s.getsockname()[1]
 
 
+REPO_TOOLS = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "..", "tools")
+
+
 def _torchrun_args():
     import torch
 
-    args = [sys.executable, "-m", "torch.distributed.run"]
+    args = [sys.executable, os.path.join(REPO_TOOLS, "torchrun.py")]  # see tools/torchrun.py
     # torch 1.13's torchrun under Python 3.11 crashes parsing its default
     # `--redirects 0` (see tools/torchrun); redirect-and-tee avoids that path.
     if torch.__version__.startswith("1.") and sys.version_info >= (3, 11):

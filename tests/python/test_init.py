@@ -171,7 +171,9 @@ def test_torchrun(tmp_path):
     before = H.shm_entries()
     # Per-rank --redirects/--tee maps: torch 1.13's parser turns the plain values
     # 0 and 3 into None under Python 3.11 (IntFlag iteration changed) and fails.
-    cmd = [sys.executable, "-m", "torch.distributed.run", "--nnodes=1", "--nproc_per_node=2",
+    cmd = [sys.executable, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "..",
+                                "tools", "torchrun.py"),  # see tools/torchrun.py
+           "--nnodes=1", "--nproc_per_node=2",
            "--master_addr=127.0.0.1", f"--master_port={free_port()}",
            "--redirects=0:2,1:2", "--tee=0:2,1:2", f"--log_dir={tmp_path / 'logs'}", script]
     try:
