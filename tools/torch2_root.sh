@@ -47,6 +47,8 @@ bind /dev "$root/dev"
 bind /dev/shm "$root/dev/shm"
 bind "$repo" "$root/braid"
 cp /etc/resolv.conf "$root/etc/resolv.conf" 2>/dev/null || true
+# torchrun and c10d resolve this host's name; the root must know it too.
+cp /etc/hosts "$root/etc/hosts" 2>/dev/null || true
 
 # Debian's torch 2.6 has no libuv TCPStore.
 env -i PATH=/usr/sbin:/usr/bin:/sbin:/bin HOME=/root USE_LIBUV=0 CI="${CI:-}" \

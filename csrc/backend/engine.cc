@@ -13,6 +13,12 @@ BRAID_SETTING_INT(kWorkerSpinUs, "BRAID_WORKER_SPIN_US", 20,
                   "Microseconds the worker polls for the next op before sleeping; "
                   "saves a thread wake-up between back-to-back small ops.");
 
+namespace {
+std::atomic<BlockingCallWrapper> blockingWrapper{nullptr};
+}  // namespace
+
+void setBlockingCallWrapper(BlockingCallWrapper w) { blockingWrapper.store(w); }
+
 Engine::Engine(std::unique_ptr<transport::Window> window, std::chrono::milliseconds timeout)
     : comm_(std::make_unique<collectives::Communicator>(std::move(window))), timeout_(timeout) {
   worker_ = std::thread([this] { loop(); });
@@ -77,6 +83,8 @@ void Engine::shutdown() {
     // The last reference can drop inside a future callback on the worker.
     if (worker_.get_id() == std::this_thread::get_id()) {
       worker_.detach();
+    } else if (auto wrap = blockingWrapper.load()) {
+      wrap([this] { worker_.join(); });
     } else {
       worker_.join();
     }

@@ -17,6 +17,12 @@
 
 namespace braid {
 
+// Runs a call that may block on the worker thread (joining it). The Python
+// module installs a wrapper that releases the GIL around it: see Note
+// [Releasing the GIL on destruction] in backend/module_py.cc.
+using BlockingCallWrapper = void (*)(const std::function<void()>&);
+void setBlockingCallWrapper(BlockingCallWrapper w);
+
 class Engine {
  public:
   struct Job {

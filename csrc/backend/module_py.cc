@@ -4,6 +4,7 @@
 #include <pybind11/stl.h>
 #include <torch/csrc/utils/pybind.h>
 
+#include "backend/engine.h"
 #include "backend/process_group.h"
 #include "backend/python_parts.h"
 #include "common/settings.h"
@@ -85,7 +86,21 @@ py::list settings() {
 
 }  // namespace
 
+namespace {
+// Joins the worker without holding the GIL (torch 2.x destroys the backend
+// from its own ProcessGroup, outside our holder).
+void releaseGilAround(const std::function<void()>& f) {
+  if (Py_IsInitialized() && PyGILState_Check()) {
+    py::gil_scoped_release release;
+    f();
+  } else {
+    f();
+  }
+}
+}  // namespace
+
 PYBIND11_MODULE(_C, m) {
+  braid::setBlockingCallWrapper(&releaseGilAround);
   m.doc() = "braid: a shared-memory c10d backend for PyTorch";
   m.attr("__version__") = BRAID_VERSION;
   py::object base = py::module::import("torch._C._distributed_c10d")
