@@ -62,6 +62,23 @@ def tcp_store(*args, **kwargs):
         return dist.TCPStore(*args, **kwargs)
 
 
+def torchrun_unusable():
+    """Why torchrun cannot run workers here, or None.
+
+    Debian's torch 2.x is built without libuv, yet its torchrun workers'
+    stores ask for libuv (tools/torchrun.py fixes the agent's own store, not
+    the workers' yet); gloo fails there the same way."""
+    import torch.distributed as dist
+    try:
+        dist.TCPStore("127.0.0.1", 0, 1, True, use_libuv=True, wait_for_workers=False)
+    except TypeError:
+        return None  # torch 1.x: no libuv option
+    except RuntimeError as e:
+        if "libuv" in str(e):
+            return "this torch has no libuv TCPStore, which torchrun's workers require"
+    return None
+
+
 def torch_major():
     import torch
 

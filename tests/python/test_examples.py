@@ -48,6 +48,7 @@ def _hooks_importable():
 
 
 @pytest.mark.parametrize("name", EXAMPLES)
+@pytest.mark.skipif(bool(H.torchrun_unusable()), reason=str(H.torchrun_unusable()))
 def test_example(name, tmp_path):
     if name == "ddp_hook" and not _hooks_importable():
         pytest.skip("torch_braid._C is not built")

@@ -164,6 +164,7 @@ def test_destroy_with_dropped_async_work():
         _closed_cleanly(world)
 
 
+@pytest.mark.skipif(bool(H.torchrun_unusable()), reason=str(H.torchrun_unusable()))
 def test_torchrun(tmp_path):
     script = os.path.join(os.path.dirname(__file__), "scripts", "torchrun_allreduce.py")
     env = dict(os.environ, BRAID_TEST_BACKEND=H.BACKEND, BRAID_TORCHRUN_OUT=str(tmp_path),
