@@ -1,5 +1,8 @@
 #include "backend/compat.h"
 
+#include <cstdlib>
+#include <string>
+
 namespace braid {
 namespace compat {
 
@@ -16,6 +19,15 @@ bool premulSumFactor(const c10d::ReduceOp& op, double* factor) {
   *factor = hasTensor ? sup->tensor_factors[0].item<double>() : sup->double_factor;
 #endif
   return true;
+}
+
+void applyLibuvSetting(c10d::TCPStoreOptions* opts) {
+#if BRAID_TORCH2
+  const char* v = std::getenv("USE_LIBUV");
+  opts->useLibUV = !(v && std::string(v) == "0");
+#else
+  (void)opts;
+#endif
 }
 
 c10d::GradBucket makeGradBucket(size_t index, size_t bucketCount, const at::Tensor& buffer,

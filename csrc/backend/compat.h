@@ -7,6 +7,7 @@
 
 #include <torch/csrc/distributed/c10d/ProcessGroup.hpp>
 #include <torch/csrc/distributed/c10d/Store.hpp>
+#include <torch/csrc/distributed/c10d/TCPStore.hpp>
 #include <torch/csrc/distributed/c10d/Types.hpp>
 #include <torch/csrc/distributed/c10d/Work.hpp>
 #include <torch/csrc/distributed/c10d/comm.hpp>
@@ -50,6 +51,10 @@ c10d::GradBucket makeGradBucket(size_t index, size_t bucketCount, const at::Tens
                                 const std::vector<size_t>& lengths,
                                 const std::vector<c10::IntArrayRef>& sizes,
                                 const std::vector<at::Tensor>& parameters);
+
+// torch 2.x TCPStores default to libuv, which Debian's torch lacks: follow
+// USE_LIBUV (default on), as torch's Python side does. No-op on 1.13.
+void applyLibuvSetting(c10d::TCPStoreOptions* opts);
 
 // Wraps a braid backend as a c10d::ProcessGroup (itself on 1.13).
 c10::intrusive_ptr<c10d::ProcessGroup> wrapAsProcessGroup(

@@ -57,6 +57,7 @@ DistEnv init_from_env(std::chrono::milliseconds timeout) {
   opts.waitWorkers = true;
   opts.timeout = timeout;
   opts.multiTenant = !agentStore;
+  compat::applyLibuvSetting(&opts);
   c10::intrusive_ptr<c10d::Store> store = c10::make_intrusive<c10d::TCPStore>(addr, opts);
   if (agentStore) {
     const char* attempt = std::getenv("TORCHELASTIC_RESTART_COUNT");
