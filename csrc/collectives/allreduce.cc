@@ -3,7 +3,7 @@
 
 #include "collectives/collectives.h"
 #include "common/settings.h"
-#include "reduce/reduce.h"
+#include "collectives/reduce_share.h"
 
 namespace braid {
 namespace collectives {
@@ -11,16 +11,6 @@ namespace collectives {
 BRAID_SETTING_INT(kOneShotMax, "BRAID_ALLREDUCE_ONESHOT_MAX", 64 << 10,
                   "Largest allreduce (bytes) done in one step, each rank reducing all inputs; "
                   "larger ones use reduce-scatter + allgather.");
-
-namespace {
-
-ReduceOp kernelOp(ReduceOp op) { return op == ReduceOp::kAvg ? ReduceOp::kSum : op; }
-
-void finishAvg(const OpDesc& op, int n, void* buf, size_t count) {
-  if (op.redop == ReduceOp::kAvg && count) reduce::divide(op.dtype, buf, buf, n, count);
-}
-
-}  // namespace
 
 void allreduce(Communicator& c, const OpDesc& op, const void* in, void* out) {
   const size_t oneShotMax = static_cast<size_t>(kOneShotMax.get());
@@ -46,8 +36,7 @@ void allreduceOneShot(Communicator& c, const OpDesc& op, const void* in, void* o
   if (op.count == 0) return;
   std::vector<const void*> srcs(n);
   for (int r = 0; r < n; ++r) srcs[r] = c.slot(r, s);
-  reduce::reduceN(op.dtype, kernelOp(op.redop), out, srcs.data(), n, op.count);
-  finishAvg(op, n, out, op.count);
+  reduceShare(op, out, srcs.data(), n, op.count);
 }
 
 // Note [Pipelined reduce-scatter + allgather]
@@ -92,8 +81,7 @@ void allreduceRsAg(Communicator& c, const OpDesc& op, const void* in, void* out)
     if (e > b) {
       for (int r = 0; r < n; ++r) srcs[r] = (r == me ? inChunk : c.slot(r, sa)) + b * es;
       uint8_t* mine = c.slot(me, sb) + b * es;
-      reduce::reduceN(op.dtype, kernelOp(op.redop), mine, srcs.data(), n, e - b);
-      finishAvg(op, n, mine, e - b);
+      reduceShare(op, mine, srcs.data(), n, e - b);
     }
     c.publish(sb);
     c.waitAll(sb);

@@ -3,7 +3,7 @@
 #include <vector>
 
 #include "collectives/collectives.h"
-#include "reduce/reduce.h"
+#include "collectives/reduce_share.h"
 
 namespace braid {
 namespace collectives {
@@ -23,7 +23,6 @@ void allreduceDirect(Communicator& c, const OpDesc& op0, const void* in, void* o
   const size_t es = elementSize(op.dtype);
   const size_t align = 64 / es ? 64 / es : 1;
   const size_t chunkElems = c.slotBytes() / es;
-  const ReduceOp kop = op.redop == ReduceOp::kAvg ? ReduceOp::kSum : op.redop;
   uint64_t s0 = c.nextStep();
   c.writeHeader(op, s0);
   c.exchange(op, s0);
@@ -51,8 +50,7 @@ void allreduceDirect(Communicator& c, const OpDesc& op0, const void* in, void* o
           scratch += len;
         }
       }
-      reduce::reduceN(op.dtype, kop, outB + off, srcs.data(), n, e - b);
-      if (op.redop == ReduceOp::kAvg) reduce::divide(op.dtype, outB + off, outB + off, n, e - b);
+      reduceShare(op, outB + off, srcs.data(), n, e - b);
     }
     uint64_t s = c.nextStep();
     c.publish(s);

@@ -5,7 +5,7 @@
 #include <vector>
 
 #include "collectives/collectives.h"
-#include "reduce/reduce.h"
+#include "collectives/reduce_share.h"
 
 namespace braid {
 namespace collectives {
@@ -77,7 +77,6 @@ void reduceScatterDirect(Communicator& c, const OpDesc& op0, const void* const* 
   c.exchange(op, s0);
   const size_t es = elementSize(op.dtype);
   const size_t chunkElems = std::max<size_t>(1, 2 * c.slotBytes() / es / std::max(1, n - 1));
-  const ReduceOp kop = op.redop == ReduceOp::kAvg ? ReduceOp::kSum : op.redop;
   std::vector<uint64_t> addrs(n);
   for (int r = 0; r < n; ++r) addrs[r] = c.peerAddr(r, s0, me);
   std::vector<const void*> srcs(n);
@@ -94,8 +93,7 @@ void reduceScatterDirect(Communicator& c, const OpDesc& op0, const void* const* 
         scratch += ck * es;
       }
     }
-    reduce::reduceN(op.dtype, kop, o + done * es, srcs.data(), n, ck);
-    if (op.redop == ReduceOp::kAvg) reduce::divide(op.dtype, o + done * es, o + done * es, n, ck);
+    reduceShare(op, o + done * es, srcs.data(), n, ck);
     done += ck;
   }
   finishDirect(c, true);

@@ -3,7 +3,7 @@
 
 #include "collectives/collectives.h"
 #include "common/settings.h"
-#include "reduce/reduce.h"
+#include "collectives/reduce_share.h"
 
 namespace braid {
 namespace collectives {
@@ -11,13 +11,6 @@ namespace collectives {
 BRAID_SETTING_INT(kReduceOneShotMax, "BRAID_REDUCE_ONESHOT_MAX", 64 << 10,
                   "Largest reduce (bytes) that the root combines alone in one step; larger "
                   "ones share the work as reduce-scatter + gather.");
-
-namespace {
-ReduceOp kernelOp(ReduceOp op) { return op == ReduceOp::kAvg ? ReduceOp::kSum : op; }
-void finishAvg(const OpDesc& op, int n, void* buf, size_t count) {
-  if (op.redop == ReduceOp::kAvg && count) reduce::divide(op.dtype, buf, buf, n, count);
-}
-}  // namespace
 
 // Small: everyone publishes, the root reduces all. Large: as allreduce's
 // Note [Pipelined reduce-scatter + allgather], but only the root gathers.
@@ -36,8 +29,7 @@ void reduce(Communicator& c, const OpDesc& op, const void* in, void* out) {
     c.exchange(op, s);
     if (!root || op.count == 0) return;
     for (int r = 0; r < n; ++r) srcs[r] = c.slot(r, s);
-    reduce::reduceN(op.dtype, kernelOp(op.redop), out, srcs.data(), n, op.count);
-    finishAvg(op, n, out, op.count);
+    reduceShare(op, out, srcs.data(), n, op.count);
     return;
   }
   const size_t chunkElems = c.slotBytes() / es;
@@ -62,8 +54,7 @@ void reduce(Communicator& c, const OpDesc& op, const void* in, void* out) {
     if (e > b) {
       for (int r = 0; r < n; ++r) srcs[r] = c.slot(r, sa) + b * es;
       uint8_t* mine = c.slot(me, sb) + b * es;
-      reduce::reduceN(op.dtype, kernelOp(op.redop), mine, srcs.data(), n, e - b);
-      finishAvg(op, n, mine, e - b);
+      reduceShare(op, mine, srcs.data(), n, e - b);
     }
     c.publish(sb);
     if (root) {

@@ -3,7 +3,7 @@
 #include <vector>
 
 #include "collectives/collectives.h"
-#include "reduce/reduce.h"
+#include "collectives/reduce_share.h"
 
 namespace braid {
 namespace collectives {
@@ -20,7 +20,6 @@ void reduceScatter(Communicator& c, const OpDesc& op, const void* const* ins, vo
   const size_t es = elementSize(op.dtype);
   const size_t pieceElems = std::max<size_t>(1, c.slotBytes() / n / 64 * 64 / es);
   const size_t pieceBytes = pieceElems * es;
-  const ReduceOp kop = op.redop == ReduceOp::kAvg ? ReduceOp::kSum : op.redop;
   std::vector<const void*> srcs(n);
   size_t done = 0;
   bool first = true;
@@ -42,8 +41,7 @@ void reduceScatter(Communicator& c, const OpDesc& op, const void* const* ins, vo
     if (ck) {
       for (int r = 0; r < n; ++r) srcs[r] = c.slot(r, s) + me * pieceBytes;
       uint8_t* o = static_cast<uint8_t*>(out) + done * es;
-      reduce::reduceN(op.dtype, kop, o, srcs.data(), n, ck);
-      if (op.redop == ReduceOp::kAvg) reduce::divide(op.dtype, o, o, n, ck);
+      reduceShare(op, o, srcs.data(), n, ck);
     }
     done += ck;
   }
