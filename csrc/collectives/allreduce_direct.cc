@@ -17,15 +17,12 @@ void allreduceDirect(Communicator& c, const OpDesc& op0, const void* in, void* o
   OpDesc op = op0;
   op.inAddr = reinterpret_cast<uint64_t>(in);
   op.outAddr = reinterpret_cast<uint64_t>(out);
-  c.beginOp(op);
   const int n = c.size();
   const int me = c.rank();
   const size_t es = elementSize(op.dtype);
   const size_t align = 64 / es ? 64 / es : 1;
   const size_t chunkElems = c.slotBytes() / es;
-  uint64_t s0 = c.nextStep();
-  c.writeHeader(op, s0);
-  c.exchange(op, s0);
+  uint64_t s0 = c.headerStep(op);
   std::vector<uint64_t> ins(n), outs(n);
   for (int r = 0; r < n; ++r) {
     ins[r] = c.inAddr(r, s0);
@@ -73,11 +70,8 @@ void allreduceDirect(Communicator& c, const OpDesc& op0, const void* in, void* o
 void broadcastDirect(Communicator& c, const OpDesc& op0, void* buf) {
   OpDesc op = op0;
   op.inAddr = reinterpret_cast<uint64_t>(buf);
-  c.beginOp(op);
   const bool root = c.rank() == op.root;
-  uint64_t s0 = c.nextStep();
-  c.writeHeader(op, s0);
-  c.exchange(op, s0);
+  uint64_t s0 = c.headerStep(op);
   if (!root) c.readPeer(op.root, c.inAddr(op.root, s0), buf, op.bytes());
   uint64_t s = c.nextStep();
   c.publish(s);

@@ -35,18 +35,10 @@ void broadcast(Communicator& c, const OpDesc& op, void* buf) {
   }
 }
 
-void barrier(Communicator& c, const OpDesc& op) {
-  c.beginOp(op);
-  uint64_t s = c.nextStep();
-  c.writeHeader(op, s);
-  c.exchange(op, s);
-}
+void barrier(Communicator& c, const OpDesc& op) { c.headerStep(op); }
 
 void failOp(Communicator& c, const OpDesc& op) {
-  c.beginOp(op);
-  uint64_t s = c.nextStep();
-  c.writeHeader(op, s);
-  c.exchange(op, s);  // throws op.localError once the peers have seen it
+  c.headerStep(op);  // throws op.localError once the peers have seen it
 }
 
 }  // namespace collectives

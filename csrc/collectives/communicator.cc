@@ -108,6 +108,14 @@ void Communicator::beginOp(const OpDesc& op) {
   }
 }
 
+uint64_t Communicator::headerStep(const OpDesc& op) {
+  beginOp(op);
+  uint64_t s = nextStep();
+  writeHeader(op, s);
+  exchange(op, s);
+  return s;
+}
+
 uint64_t Communicator::nextStep() {
   uint64_t s = ++step_;
   // See Note [Step protocol]: the slot of step s was last used at s - kSlots.
@@ -211,6 +219,12 @@ uint64_t Communicator::maxAnnouncedBytes(uint64_t step) {
 
 void Communicator::markBroken(const std::string& why) {
   if (broken_.empty()) broken_ = why;
+}
+
+std::vector<uint64_t> addressesOf(const void* const* ptrs, int n) {
+  std::vector<uint64_t> a(n);
+  for (int r = 0; r < n; ++r) a[r] = reinterpret_cast<uint64_t>(ptrs[r]);
+  return a;
 }
 
 void partition(size_t count, int parts, int i, size_t align, size_t* begin, size_t* end) {

@@ -95,6 +95,9 @@ class Communicator {
   // exchange() publishes, waits for all and checks. Throws on any mismatch.
   void writeHeader(const OpDesc& op, uint64_t step);
   void exchange(const OpDesc& op, uint64_t step);
+  // An op whose first step carries the header alone: beginOp, then the
+  // header step (write, exchange, check). Returns that step's number.
+  uint64_t headerStep(const OpDesc& op);
   void publish(uint64_t step) { window_->publish(step); }
   void waitAll(uint64_t step) { window_->waitAll(step, ctx_); }
   void wait(int peer, uint64_t step) { window_->wait(peer, step, ctx_); }
@@ -132,6 +135,9 @@ class Communicator {
   std::vector<uint8_t> scratch_;
   size_t directMin_ = 0;
 };
+
+// Buffer addresses as announced in headers, one per rank.
+std::vector<uint64_t> addressesOf(const void* const* ptrs, int n);
 
 // Splits `count` elements into `parts` nearly equal ranges whose starts are
 // multiples of `align` elements; returns [begin, end) of part `i`.

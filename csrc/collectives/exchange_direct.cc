@@ -24,13 +24,10 @@ void allgatherDirect(Communicator& c, const OpDesc& op0, const void* in, void* c
                      bool everyone) {
   OpDesc op = op0;
   op.inAddr = reinterpret_cast<uint64_t>(in);
-  c.beginOp(op);
   const int n = c.size();
   const int me = c.rank();
   const bool collect = everyone || me == op.root;
-  uint64_t s0 = c.nextStep();
-  c.writeHeader(op, s0);
-  c.exchange(op, s0);
+  uint64_t s0 = c.headerStep(op);
   if (collect) {
     for (int r = 0; r < n; ++r) {
       if (r == me) {
@@ -50,13 +47,9 @@ void scatterDirect(Communicator& c, const OpDesc& op0, const void* const* ins, v
   const int me = c.rank();
   const bool root = me == op.root;
   if (root) {
-    op.peerAddrs.resize(n);
-    for (int r = 0; r < n; ++r) op.peerAddrs[r] = reinterpret_cast<uint64_t>(ins[r]);
+    op.peerAddrs = addressesOf(reinterpret_cast<const void* const*>(ins), n);
   }
-  c.beginOp(op);
-  uint64_t s0 = c.nextStep();
-  c.writeHeader(op, s0);
-  c.exchange(op, s0);
+  uint64_t s0 = c.headerStep(op);
   if (root) {
     std::memcpy(out, ins[me], op.bytes());
   } else {
@@ -69,12 +62,8 @@ void reduceScatterDirect(Communicator& c, const OpDesc& op0, const void* const* 
   OpDesc op = op0;
   const int n = c.size();
   const int me = c.rank();
-  op.peerAddrs.resize(n);
-  for (int r = 0; r < n; ++r) op.peerAddrs[r] = reinterpret_cast<uint64_t>(ins[r]);
-  c.beginOp(op);
-  uint64_t s0 = c.nextStep();
-  c.writeHeader(op, s0);
-  c.exchange(op, s0);
+  op.peerAddrs = addressesOf(ins, n);
+  uint64_t s0 = c.headerStep(op);
   const size_t es = elementSize(op.dtype);
   const size_t chunkElems = std::max<size_t>(1, 2 * c.slotBytes() / es / std::max(1, n - 1));
   std::vector<uint64_t> addrs(n);
@@ -104,12 +93,8 @@ void alltoallDirect(Communicator& c, const OpDesc& op0, const void* const* ins,
   OpDesc op = op0;
   const int n = c.size();
   const int me = c.rank();
-  op.peerAddrs.resize(n);
-  for (int r = 0; r < n; ++r) op.peerAddrs[r] = reinterpret_cast<uint64_t>(ins[r]);
-  c.beginOp(op);
-  uint64_t s0 = c.nextStep();
-  c.writeHeader(op, s0);
-  c.exchange(op, s0);  // also checks that the size matrix is consistent
+  op.peerAddrs = addressesOf(ins, n);
+  uint64_t s0 = c.headerStep(op);  // also checks that the size matrix is consistent
   for (int r = 0; r < n; ++r) {
     if (r == me) {
       if (op.recvBytes[r]) std::memcpy(outs[r], ins[r], op.recvBytes[r]);
