@@ -12,7 +12,7 @@ namespace {
 // all ranks copy every block out (allgather) or the root alone (gather).
 void gatherImpl(Communicator& c, const OpDesc& op, const void* in, void* const* outs,
                 bool everyone) {
-  if (c.useDirect(op.bytes())) return allgatherDirect(c, op, in, outs, everyone);
+  if (c.useDirect(op.kind, op.bytes())) return allgatherDirect(c, op, in, outs, everyone);
   c.beginOp(op);
   const int n = c.size();
   const int me = c.rank();
@@ -21,7 +21,7 @@ void gatherImpl(Communicator& c, const OpDesc& op, const void* in, void* const* 
   size_t done = 0;
   bool first = true;
   while (first || done < total) {
-    size_t len = std::min(c.slotBytes(), total - done);
+    size_t len = std::min(c.chunkBytes(), total - done);
     uint64_t s = c.nextStep();
     std::memcpy(c.slot(me, s), static_cast<const uint8_t*>(in) + done, len);
     if (first) {
@@ -53,13 +53,13 @@ void gather(Communicator& c, const OpDesc& op, const void* in, void* const* outs
 
 // The root writes one piece per rank into its slot; each rank copies its own.
 void scatter(Communicator& c, const OpDesc& op, const void* const* ins, void* out) {
-  if (c.useDirect(op.bytes())) return scatterDirect(c, op, ins, out);
+  if (c.useDirect(op.kind, op.bytes())) return scatterDirect(c, op, ins, out);
   c.beginOp(op);
   const int n = c.size();
   const int me = c.rank();
   const bool root = me == op.root;
   const size_t total = op.bytes();
-  const size_t piece = std::max<size_t>(64, c.slotBytes() / n / 64 * 64);
+  const size_t piece = std::max<size_t>(64, c.chunkBytes() / n / 64 * 64);
   size_t done = 0;
   bool first = true;
   while (first || done < total) {

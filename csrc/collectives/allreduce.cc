@@ -14,7 +14,7 @@ BRAID_SETTING_INT(kOneShotMax, "BRAID_ALLREDUCE_ONESHOT_MAX", 64 << 10,
 
 void allreduce(Communicator& c, const OpDesc& op, const void* in, void* out) {
   const size_t oneShotMax = static_cast<size_t>(kOneShotMax.get());
-  if (op.bytes() > oneShotMax && c.useDirect(op.bytes())) {
+  if (op.bytes() > oneShotMax && c.useDirect(op.kind, op.bytes())) {
     allreduceDirect(c, op, in, out);
   } else if (op.bytes() <= oneShotMax && op.bytes() <= c.slotBytes()) {
     allreduceOneShot(c, op, in, out);
@@ -53,7 +53,7 @@ void allreduceRsAg(Communicator& c, const OpDesc& op, const void* in, void* out)
   const int me = c.rank();
   const size_t es = elementSize(op.dtype);
   const size_t align = 64 / es ? 64 / es : 1;
-  const size_t chunkElems = c.slotBytes() / es;
+  const size_t chunkElems = c.chunkBytes() / es;
   const size_t total = op.count;
   std::vector<const void*> srcs(n);
   size_t done = 0;

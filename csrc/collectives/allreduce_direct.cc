@@ -21,7 +21,7 @@ void allreduceDirect(Communicator& c, const OpDesc& op0, const void* in, void* o
   const int me = c.rank();
   const size_t es = elementSize(op.dtype);
   const size_t align = 64 / es ? 64 / es : 1;
-  const size_t chunkElems = c.slotBytes() / es;
+  const size_t chunkElems = c.chunkBytes() / es;
   uint64_t s0 = c.headerStep(op);
   std::vector<uint64_t> ins(n), outs(n);
   for (int r = 0; r < n; ++r) {

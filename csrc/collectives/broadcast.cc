@@ -10,11 +10,11 @@ namespace collectives {
 // out as soon as it is published. With two slots the root runs one chunk
 // ahead of the slowest reader (Note [Step protocol]).
 void broadcast(Communicator& c, const OpDesc& op, void* buf) {
-  if (c.useDirect(op.bytes())) return broadcastDirect(c, op, buf);
+  if (c.useDirect(op.kind, op.bytes())) return broadcastDirect(c, op, buf);
   c.beginOp(op);
   const bool root = c.rank() == op.root;
   const size_t total = op.bytes();
-  const size_t chunk = c.slotBytes();
+  const size_t chunk = c.chunkBytes();
   auto* p = static_cast<uint8_t*>(buf);
   size_t done = 0;
   bool first = true;

@@ -1,5 +1,7 @@
 #include "collectives/communicator.h"
 
+#include <unistd.h>
+
 #include <algorithm>
 #include <cstring>
 #include <sstream>
@@ -10,15 +12,75 @@
 namespace braid {
 namespace collectives {
 
+// Note [Chunk size and direct reads]
+// Measured on a 2-core VM (benchmarks/collectives.py --env sweeps, quiet
+// machine, fp32):
+// - Chunks: with one core per rank, 256 KiB chunks beat 1 MiB ones by 1.2-1.4x
+//   at 1-64 MiB (2 ranks, allreduce 64 MiB: 15.3 ms against 21.6 ms): a chunk
+//   and its peer's copy stay in the 2 MiB L2. With more ranks than cores
+//   (4 ranks on 2 cores), every step may cost a context switch, and 1 MiB
+//   chunks win by 1.1-1.3x. So the default follows that ratio.
+// - Direct reads (process_vm_readv) pin pages and copy in the kernel; they win
+//   where they save a whole copy through shared memory (allgather 1 MiB at
+//   2 ranks: 101 us against 157 us; alltoall at 4 ranks 64 MiB: 35 ms against
+//   48 ms) and lose for allreduce (at 2 ranks 18.5 ms against 15.3 ms at
+//   64 MiB; at 4 ranks 60 ms against 49 ms), broadcast and reduce, whose shm
+//   paths already move each byte once per peer, in cache-sized chunks.
+// Chunk size and the direct choice shape the steps of an op, so they travel
+// in every op header and are compared like the shape (Note [Op headers]).
 BRAID_SETTING_INT(kDirectMin, "BRAID_DIRECT_MIN_BYTES", 256 << 10,
                   "Smallest op (bytes per rank) that reads peers' memory directly instead of "
                   "copying through shared memory; needs direct reads (BRAID_SHM_CMA).");
+BRAID_SETTING_STRING(kDirectOps, "BRAID_DIRECT_OPS",
+                     "allgather,gather,scatter,reduce_scatter,alltoall",
+                     "Ops that may read peers' memory directly (comma list of allreduce, "
+                     "broadcast, reduce, allgather, gather, scatter, reduce_scatter, alltoall).");
+BRAID_SETTING_INT(kChunkBytes, "BRAID_CHUNK_BYTES", 0,
+                  "Chunk size (bytes) of pipelined collectives, at most BRAID_SHM_SLOT_BYTES; "
+                  "0 = 256 KiB when every rank has a core, else the slot size.");
 
 namespace {
 
 constexpr uint32_t kHeaderMagic = 0x62686472;  // "bhdr"
 constexpr size_t kMessageBytes = 256;
 constexpr size_t kMetaOffset = 512;  // alltoall sizes follow the header
+constexpr size_t kAutoChunkBytes = 256 << 10;
+
+uint32_t parseDirectOps(const std::string& list, int rank) {
+  uint32_t mask = 0;
+  std::stringstream ss(list);
+  std::string item;
+  while (std::getline(ss, item, ',')) {
+    item.erase(0, item.find_first_not_of(" \t"));
+    item.erase(item.find_last_not_of(" \t") + 1);
+    if (item.empty()) continue;
+    bool found = false;
+    for (uint32_t k = static_cast<uint32_t>(OpKind::kAllreduce);
+         k <= static_cast<uint32_t>(OpKind::kAlltoall); ++k) {
+      if (item == opName(static_cast<OpKind>(k))) {
+        mask |= 1u << k;
+        found = true;
+      }
+    }
+    BRAID_ENFORCE(found, "init", rank, "BRAID_DIRECT_OPS names an unknown op '", item,
+                  "' (known: allreduce, broadcast, reduce, allgather, gather, scatter, "
+                  "reduce_scatter, alltoall)");
+  }
+  return mask;
+}
+
+size_t chooseChunkBytes(size_t slotBytes, int size, int rank) {
+  int64_t set = kChunkBytes.get();
+  BRAID_ENFORCE(set >= 0 && set % 64 == 0, "init", rank,
+                "BRAID_CHUNK_BYTES must be 0 or a positive multiple of 64, got ", set);
+  size_t chunk = static_cast<size_t>(set);
+  if (chunk == 0) {
+    // The same on every rank of a host, so the ranks agree without talking.
+    long cores = sysconf(_SC_NPROCESSORS_ONLN);
+    chunk = size <= cores ? kAutoChunkBytes : slotBytes;
+  }
+  return std::max<size_t>(64 * static_cast<size_t>(size), std::min(chunk, slotBytes));
+}
 
 // The header as it sits in shared memory. See Note [Op headers].
 struct WireHeader {
@@ -33,6 +95,9 @@ struct WireHeader {
   uint64_t maxSendBytes;
   uint64_t inAddr;
   uint64_t outAddr;
+  uint64_t chunkBytes;  // Note [Chunk size and direct reads]
+  uint32_t direct;
+  uint32_t pad;
   Shape shape;
   char message[kMessageBytes];
 };
@@ -81,10 +146,13 @@ Communicator::Communicator(std::unique_ptr<transport::Window> window)
       rank_(window_->rank()),
       size_(window_->size()),
       scratch_(2 * window_->slotBytes()),
-      directMin_(static_cast<size_t>(kDirectMin.get())) {}
+      directMin_(static_cast<size_t>(kDirectMin.get())),
+      directOps_(parseDirectOps(kDirectOps.get(), rank_)),
+      chunkBytes_(chooseChunkBytes(window_->slotBytes(), size_, rank_)) {}
 
-bool Communicator::useDirect(size_t bytes) const {
-  return window_->canReadPeers() && bytes >= directMin_;
+bool Communicator::useDirect(OpKind kind, size_t bytes) const {
+  return window_->canReadPeers() && bytes >= directMin_ &&
+         (directOps_ & (1u << static_cast<uint32_t>(kind)));
 }
 
 uint64_t Communicator::inAddr(int rank, uint64_t step) { return headerAt(*window_, rank, step)->inAddr; }
@@ -133,6 +201,8 @@ void Communicator::writeHeader(const OpDesc& op, uint64_t step) {
   h->root = op.root;
   h->count = op.count;
   h->shape = op.shape;
+  h->chunkBytes = chunkBytes_;
+  h->direct = useDirect(op.kind, op.bytes()) ? 1 : 0;
   h->failed = op.localError.empty() ? 0 : 1;
   size_t n = std::min(op.localError.size(), kMessageBytes - 1);
   std::memcpy(h->message, op.localError.data(), n);
@@ -200,6 +270,14 @@ void Communicator::checkPeer(const OpDesc& op, int peer, uint64_t step) {
     BRAID_THROW(Error, me, rank_, "rank ", peer, " passed shape ", h->shape.str(), " (",
                 toString(peerType), "), this rank shape ", op.shape.str(), " (",
                 toString(op.dtype), ")");
+  }
+  if (h->chunkBytes != chunkBytes_ || h->direct != (useDirect(op.kind, op.bytes()) ? 1u : 0u)) {
+    BRAID_THROW(Error, me, rank_, "rank ", peer, " runs this op with ", h->chunkBytes,
+                "-byte chunks and direct reads ", h->direct ? "on" : "off", ", this rank with ",
+                chunkBytes_, "-byte chunks and direct reads ",
+                useDirect(op.kind, op.bytes()) ? "on" : "off",
+                " (BRAID_CHUNK_BYTES, BRAID_SHM_SLOT_BYTES, BRAID_DIRECT_OPS and "
+                "BRAID_DIRECT_MIN_BYTES must be equal on every rank)");
   }
   if (h->root != op.root) {
     BRAID_THROW(Error, me, rank_, "rank ", peer, " passed root ", h->root, ", this rank root ",

@@ -91,6 +91,9 @@ class Communicator {
   uint64_t nextStep();
   uint8_t* slot(int rank, uint64_t step) { return window_->data(rank, step); }
   size_t slotBytes() const { return window_->slotBytes(); }
+  // Bytes per chunk of pipelined collectives (at most slotBytes()). See
+  // Note [Chunk size and direct reads].
+  size_t chunkBytes() const { return chunkBytes_; }
   // First step of an op: write the header (before or after the data), then
   // exchange() publishes, waits for all and checks. Throws on any mismatch.
   void writeHeader(const OpDesc& op, uint64_t step);
@@ -108,8 +111,9 @@ class Communicator {
   uint64_t outAddr(int rank, uint64_t step);
   uint64_t peerAddr(int rank, uint64_t step, int which);
 
-  // Whether an op of `bytes` moves by direct reads (Note [Direct transfers]).
-  bool useDirect(size_t bytes) const;
+  // Whether `kind` with `bytes` per rank moves by direct reads
+  // (Note [Direct transfers], Note [Chunk size and direct reads]).
+  bool useDirect(OpKind kind, size_t bytes) const;
   // Copies from `peer`'s memory, for the current op.
   void readPeer(int peer, uint64_t addr, void* dst, size_t bytes) {
     window_->readPeer(peer, addr, dst, bytes, ctx_);
@@ -134,6 +138,8 @@ class Communicator {
   std::string broken_;
   std::vector<uint8_t> scratch_;
   size_t directMin_ = 0;
+  uint32_t directOps_ = 0;  // bit per OpKind
+  size_t chunkBytes_ = 0;
 };
 
 // Buffer addresses as announced in headers, one per rank.

@@ -32,7 +32,7 @@ void reduce(Communicator& c, const OpDesc& op, const void* in, void* out) {
     reduceShare(op, out, srcs.data(), n, op.count);
     return;
   }
-  const size_t chunkElems = c.slotBytes() / es;
+  const size_t chunkElems = c.chunkBytes() / es;
   const size_t align = 64 / es ? 64 / es : 1;
   size_t done = 0;
   bool first = true;

@@ -13,12 +13,12 @@ namespace collectives {
 // Traffic per rank: n pieces in, n pieces read, one written. gloo instead
 // emulates this with a full allreduce (twice the traffic).
 void reduceScatter(Communicator& c, const OpDesc& op, const void* const* ins, void* out) {
-  if (c.useDirect(op.bytes())) return reduceScatterDirect(c, op, ins, out);
+  if (c.useDirect(op.kind, op.bytes())) return reduceScatterDirect(c, op, ins, out);
   c.beginOp(op);
   const int n = c.size();
   const int me = c.rank();
   const size_t es = elementSize(op.dtype);
-  const size_t pieceElems = std::max<size_t>(1, c.slotBytes() / n / 64 * 64 / es);
+  const size_t pieceElems = std::max<size_t>(1, c.chunkBytes() / n / 64 * 64 / es);
   const size_t pieceBytes = pieceElems * es;
   std::vector<const void*> srcs(n);
   size_t done = 0;
@@ -57,7 +57,7 @@ void alltoall(Communicator& c, const OpDesc& op, const void* const* ins, void* c
   c.beginOp(op);
   const int n = c.size();
   const int me = c.rank();
-  const size_t piece = std::max<size_t>(64, c.slotBytes() / n / 64 * 64);
+  const size_t piece = std::max<size_t>(64, c.chunkBytes() / n / 64 * 64);
   uint64_t steps = 1;
   for (uint64_t k = 0; k < steps; ++k) {
     const size_t off = k * piece;

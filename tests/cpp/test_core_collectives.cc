@@ -126,8 +126,21 @@ TEST_P(Sizes, AllCollectivesMatchClosedForms) {
 // and with direct reads turned off entirely.
 TEST_P(Sizes, DirectPathMatchesClosedForms) {
   setenv("BRAID_DIRECT_MIN_BYTES", "0", 1);
+  setenv("BRAID_DIRECT_OPS",
+         "allreduce,broadcast,reduce,allgather,gather,scatter,reduce_scatter,alltoall", 1);
   checkAllCollectives(std::get<0>(GetParam()), std::get<1>(GetParam()));
+  unsetenv("BRAID_DIRECT_OPS");
   unsetenv("BRAID_DIRECT_MIN_BYTES");
+}
+
+// Chunks smaller than a slot (Note [Chunk size and direct reads]): 320 bytes
+// split among up to 5 ranks leaves pieces of one cache line.
+TEST_P(Sizes, SmallChunksMatchClosedForms) {
+  setenv("BRAID_CHUNK_BYTES", "320", 1);
+  setenv("BRAID_SHM_CMA", "0", 1);
+  checkAllCollectives(std::get<0>(GetParam()), std::get<1>(GetParam()));
+  unsetenv("BRAID_SHM_CMA");
+  unsetenv("BRAID_CHUNK_BYTES");
 }
 
 TEST_P(Sizes, SharedMemoryOnlyMatchesClosedForms) {
@@ -195,6 +208,52 @@ TEST(Errors, ShapeMismatchIsSeenByEveryRankAndTheGroupRecovers) {
       << errors[0];
   EXPECT_NE(errors[1].find("rank 0 passed shape [4]"), std::string::npos) << errors[1];
   EXPECT_FALSE(errors[2].empty());
+}
+
+// Ranks started with different chunk settings would split an op differently;
+// the header carries the setting, so every rank fails the op with both values
+// instead of exchanging misaligned data.
+TEST(Errors, DifferentChunkSettingsAreNamed) {
+  MemoryStore store;
+  std::vector<std::unique_ptr<transport::shm::ShmWindow>> windows(2);
+  runRanks(2, [&](int r) {
+    transport::shm::WindowOptions o;
+    o.slotBytes = 4096;
+    o.channelBytes = 4096;
+    o.timeout = std::chrono::seconds(20);
+    windows[r] = transport::shm::ShmWindow::create(store, r, 2, o);
+  });
+  std::vector<std::unique_ptr<Communicator>> comms(2);
+  setenv("BRAID_CHUNK_BYTES", "1024", 1);
+  comms[0] = std::make_unique<Communicator>(std::move(windows[0]));
+  setenv("BRAID_CHUNK_BYTES", "2048", 1);
+  comms[1] = std::make_unique<Communicator>(std::move(windows[1]));
+  unsetenv("BRAID_CHUNK_BYTES");
+  std::vector<std::string> errors(2);
+  runRanks(2, [&](int r) {
+    std::vector<float> buf(5000, 1.f);
+    try {
+      collectives::allreduce(*comms[r], desc(OpKind::kAllreduce, buf.size()), buf.data(),
+                             buf.data());
+    } catch (const Error& e) {
+      errors[r] = e.what();
+    }
+  });
+  EXPECT_NE(errors[0].find("rank 1 runs this op with 2048-byte chunks"), std::string::npos)
+      << errors[0];
+  EXPECT_NE(errors[1].find("this rank with 2048-byte chunks"), std::string::npos) << errors[1];
+}
+
+TEST(Errors, UnknownDirectOpIsNamed) {
+  setenv("BRAID_DIRECT_OPS", "allreduce,allgatherr", 1);
+  try {
+    Group g(1, 4096);
+    ADD_FAILURE() << "BRAID_DIRECT_OPS=allgatherr was accepted";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("unknown op 'allgatherr'"), std::string::npos)
+        << e.what();
+  }
+  unsetenv("BRAID_DIRECT_OPS");
 }
 
 TEST(Errors, TimeoutNamesTheMissingRank) {
