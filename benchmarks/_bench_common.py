@@ -268,8 +268,14 @@ def resolve_backends(spec, imports=()):
 def braid_info():
     """The output of `python -m torch_braid.info` (build and every BRAID_ setting)."""
     try:
+        import torch_braid
+        # The benchmarks find torch_braid through sys.path (python/ beside them); the child
+        # interpreter needs the same directory on PYTHONPATH.
+        pkg_root = os.path.dirname(os.path.dirname(os.path.abspath(torch_braid.__file__)))
+        env = dict(os.environ)
+        env["PYTHONPATH"] = os.pathsep.join(filter(None, [pkg_root, env.get("PYTHONPATH")]))
         p = subprocess.run([sys.executable, "-m", "torch_braid.info"], capture_output=True,
-                           text=True, timeout=120)
+                           text=True, timeout=120, env=env)
         return p.stdout.strip() if p.returncode == 0 else f"(torch_braid.info failed: {p.stderr})"
     except Exception as e:
         return f"(torch_braid.info unavailable: {e!r})"

@@ -27,6 +27,13 @@ alternating backends (A B, B A, ...), and each backend's time is the median of i
 ratio then compares blocks taken within the same few hundred milliseconds. All backends are
 checked and warmed up before the first round, on buffers they share.
 
+Note [Settling]
+Alternating backends leaves traces: right after a block of gloo calls, braid's 4-byte allreduce
+took 47-50 us for about 1000 calls (50 ms), then 12 us, on this 2-core machine, as the
+scheduler re-places threads that gloo's had displaced. Each timed block is therefore preceded
+by --settle-ms of untimed calls of the same backend (the count agreed across ranks), so that a
+block measures the backend and not the one timed before it.
+
 Note [What is checked]
 Every point is checked twice: on its first call (before warm-up) and on one more call after the
 timed iterations (which catches state that goes wrong only after many calls). The copying ops
@@ -275,6 +282,7 @@ class Runner:
             t_est = bc.time_iters(call, max(self.args.warmup, 1), sync)
             p.iters = bc.agree_iters(t_est, self.args.time_per_point / rounds,
                                      -(-self.args.min_iters // rounds), self.args.max_iters)
+            p.settle = bc.agree_iters(t_est, self.args.settle_ms / 1e3, 1, self.args.max_iters)
         return p
 
     @contextlib.contextmanager
@@ -288,6 +296,7 @@ class Runner:
     def time_round(self, p):
         with self.failing_on_exception(p):
             bc.control_barrier()
+            bc.time_iters(p.call, p.settle, p.sync)  # Note [Settling]
             p.rounds.append(bc.gather_floats(bc.time_iters(p.call, p.iters, p.sync)))
 
     def finish_point(self, p):
@@ -327,12 +336,49 @@ class Runner:
                 if self.r == 0 and table:
                     self.progress.clear()
                     print(format_table(op, dt, table, self.backends, self.n, env), flush=True)
+        accuracy = self.accuracy() if self.args.accuracy and "allreduce" in self.args.ops else []
+        if self.r == 0 and accuracy:
+            print(format_accuracy(accuracy, self.n), flush=True)
         self.memcpy_after = bc.measure_memcpy(self.args.memcpy_bytes)
         for be in self.backends:
             dist.destroy_process_group(be.group)
             be.group = None
         return {"env": env, "memcpy_before": self.memcpy, "memcpy_after": self.memcpy_after,
-                "results": results}
+                "results": results, "accuracy": accuracy}
+
+    def accuracy(self):
+        """Note [Accuracy]: low-precision allreduce SUM against an fp64 reference."""
+        out = []
+        count = ACCURACY_COUNT
+        for dt in ("bf16", "fp16"):
+            dtype = torch_dtype(dt)
+            # Every rank can regenerate every rank's input, so each computes the reference.
+            ins = [accuracy_input(q, count).to(dtype) for q in range(self.n)]
+            ref = torch.stack([x.double() for x in ins]).sum(0)
+            nearest = ref.to(dtype)
+            for be in self.backends:
+                if be.device != "cpu":
+                    continue
+                buf = ins[self.r].clone()
+                try:
+                    dist.all_reduce(buf, group=be.group)
+                    st, msg = 0, ""
+                except Exception as e:  # e.g. gloo on torch 1.13 has no bf16
+                    st, msg = 1, f"{type(e).__name__}: {str(e).splitlines()[0][:160]}"
+                st, msg = bc.agree(st, msg)
+                row = dict(dtype=dt, backend=be.label, count=count, ranks=self.n)
+                if st:
+                    parts = [m.split(": ", 1)[-1] for m in msg.split("; ")]
+                    if len(set(parts)) == 1:
+                        msg = f"{parts[0]} (every rank)"
+                    out.append(dict(row, status="n/a", error=msg))
+                    continue
+                err = buf.double() - ref
+                out.append(dict(row, status="ok",
+                                rel_rms_error=float(err.norm() / ref.norm()),
+                                max_abs_error=float(err.abs().max()),
+                                frac_correctly_rounded=float((buf == nearest).double().mean())))
+        return out
 
     def run_size(self, op, dt, nbytes, si):
         dtype = torch_dtype(dt) if dt != "-" else torch.float32
@@ -366,6 +412,35 @@ class Runner:
 
 
 # ---- output --------------------------------------------------------------------------------------
+# Note [Accuracy]
+# Each rank's input is ACCURACY_COUNT normal values (seeded by rank, mean 1, so sums do not cancel
+# to zero) rounded to bf16 or fp16; the reference is their exact sum in float64, and the best an
+# allreduce can return is that sum rounded once to the dtype. Reported per backend: the relative
+# RMS error against the reference, the largest absolute error, and the fraction of elements equal
+# to the once-rounded sum. A backend that rounds after every addition (gloo) loses accuracy with
+# the number of ranks; one that accumulates in fp32 and rounds once (braid) should not.
+ACCURACY_COUNT = 1 << 20
+
+
+def accuracy_input(q, count):
+    g = torch.Generator().manual_seed(7919 + q)
+    return torch.randn(count, generator=g, dtype=torch.float64) + 1.0
+
+
+def format_accuracy(rows, n):
+    lines = [f"\n# allreduce accuracy, SUM of {ACCURACY_COUNT} normal(1, 1) values per rank, "
+             f"n={n}, against the fp64 sum (Note [Accuracy])",
+             f"{'dtype':6s} {'backend':10s} {'rel rms err':>12s} {'max abs err':>12s} "
+             f"{'correctly rounded':>18s}"]
+    for r in rows:
+        if r["status"] != "ok":
+            lines.append(f"{r['dtype']:6s} {r['backend']:10s} n/a: {r['error']}")
+            continue
+        lines.append(f"{r['dtype']:6s} {r['backend']:10s} {r['rel_rms_error']:12.3e} "
+                     f"{r['max_abs_error']:12.3e} {100 * r['frac_correctly_rounded']:17.2f}%")
+    return "\n".join(lines)
+
+
 def format_table(op, dt, results, backends, n, env):
     labels = [b.label for b in backends]
     by_size = {}
@@ -451,6 +526,8 @@ def parse_args(argv=None):
     p.add_argument("--max-iters", type=int, default=100000)
     p.add_argument("--time-per-point", type=float, default=0.2,
                    help="seconds of timed calls per point and backend, over all rounds")
+    p.add_argument("--settle-ms", type=float, default=50,
+                   help="untimed calls before each timed block, in ms (Note [Settling])")
     p.add_argument("--rounds", type=int, default=3,
                    help="timed blocks per point and backend, alternating backends (Note [Rounds])")
     p.add_argument("--threads", type=int, default=1, help="torch.set_num_threads in each rank")
@@ -460,6 +537,8 @@ def parse_args(argv=None):
                    help="repeat the run for each value (repeatable: all combinations)")
     p.add_argument("--no-emulate", action="store_true",
                    help="report reduce_scatter as n/a instead of all_reduce+copy where missing")
+    p.add_argument("--no-accuracy", dest="accuracy", action="store_false",
+                   help="skip the bf16/fp16 allreduce accuracy check (Note [Accuracy])")
     p.add_argument("--json", default=None)
     p.add_argument("--plot", default=None)
     p.add_argument("--no-progress", action="store_true")
