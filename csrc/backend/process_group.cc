@@ -80,22 +80,24 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupBraid::launch(c10d::OpType type, cons
   auto work = c10::make_intrusive<WorkBraid>(getRank(), type, title, std::move(outputs));
   launched_.fetch_add(1);
   Engine* engine = engine_.get();
-  engine_->submit(Engine::Job{
-      [work, engine, body = std::move(body)] {
-        try {
-          body();
-          work->markDone(nullptr);
-        } catch (const TimeoutError& e) {
-          engine->comm().markBroken(e.what());  // ranks are out of step now
-          work->markDone(std::current_exception());
-        } catch (const PeerLostError& e) {
-          engine->comm().markBroken(e.what());
-          work->markDone(std::current_exception());
-        } catch (...) {
-          work->markDone(std::current_exception());
-        }
-      },
-      [work](std::exception_ptr e) { work->markDone(e); }});
+  Engine::Job job;
+  job.run = [engine, body = std::move(body)]() -> std::exception_ptr {
+    try {
+      body();
+      return nullptr;
+    } catch (const TimeoutError& e) {
+      engine->comm().markBroken(e.what());  // ranks are out of step now
+      return std::current_exception();
+    } catch (const PeerLostError& e) {
+      engine->comm().markBroken(e.what());
+      return std::current_exception();
+    } catch (...) {
+      return std::current_exception();
+    }
+  };
+  job.finish = [work](std::exception_ptr e) { work->markDone(e); };
+  uint64_t id = engine_->submit(std::move(job));
+  if (id) work->setJob(engine_->queue(), id);
   return work;
 }
 
@@ -107,14 +109,16 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupBraid::guarded(
     OpDesc d = desc(kind, std::chrono::milliseconds(0));
     d.localError = e.what();
     Engine* engine = engine_.get();
-    engine_->submit(Engine::Job{[engine, d] {
-                                  try {
-                                    collectives::failOp(engine->comm(), d);
-                                  } catch (...) {
-                                    // Our own error already reached the caller.
-                                  }
-                                },
-                                nullptr});
+    Engine::Job job;
+    job.run = [engine, d]() -> std::exception_ptr {
+      try {
+        collectives::failOp(engine->comm(), d);
+      } catch (...) {
+        // Our own error already reached the caller.
+      }
+      return nullptr;
+    };
+    engine_->submit(std::move(job));
     throw;
   }
 }

@@ -23,6 +23,16 @@ void WorkBraid::markDone(std::exception_ptr error, int sourceRank) {
   }
 }
 
+void WorkBraid::setJob(Engine::QueuePtr queue, uint64_t id) {
+  queue_ = std::move(queue);
+  jobId_ = id;
+}
+
+bool WorkBraid::wait(std::chrono::milliseconds timeout) {
+  if (queue_ && !isCompleted()) Engine::runHereIfNext(queue_, jobId_);
+  return c10d::Work::wait(timeout);
+}
+
 int WorkBraid::sourceRank() const {
   int r = sourceRank_.load();
   if (r < 0) throw Error("braid: sourceRank() is only defined for a completed receive");
