@@ -23,7 +23,7 @@ void gatherImpl(Communicator& c, const OpDesc& op, const void* in, void* const* 
   while (first || done < total) {
     size_t len = std::min(c.chunkBytes(), total - done);
     uint64_t s = c.nextStep();
-    std::memcpy(c.slot(me, s), static_cast<const uint8_t*>(in) + done, len);
+    copyBytes(c.slot(me, s), static_cast<const uint8_t*>(in) + done, len);
     if (first) {
       c.writeHeader(op, s);
       c.exchange(op, s);
@@ -34,7 +34,7 @@ void gatherImpl(Communicator& c, const OpDesc& op, const void* in, void* const* 
     first = false;
     if (collect) {
       for (int r = 0; r < n; ++r) {
-        std::memcpy(static_cast<uint8_t*>(outs[r]) + done, c.slot(r, s), len);
+        copyBytes(static_cast<uint8_t*>(outs[r]) + done, c.slot(r, s), len);
       }
     }
     done += len;
@@ -67,7 +67,7 @@ void scatter(Communicator& c, const OpDesc& op, const void* const* ins, void* ou
     uint64_t s = c.nextStep();
     if (root) {
       for (int r = 0; r < n; ++r) {
-        std::memcpy(c.slot(me, s) + r * piece, static_cast<const uint8_t*>(ins[r]) + done, len);
+        copyBytes(c.slot(me, s) + r * piece, static_cast<const uint8_t*>(ins[r]) + done, len);
       }
     }
     if (first) {
@@ -78,7 +78,7 @@ void scatter(Communicator& c, const OpDesc& op, const void* const* ins, void* ou
       if (!root) c.wait(op.root, s);
     }
     first = false;
-    std::memcpy(static_cast<uint8_t*>(out) + done, c.slot(op.root, s) + me * piece, len);
+    copyBytes(static_cast<uint8_t*>(out) + done, c.slot(op.root, s) + me * piece, len);
     done += len;
   }
 }

@@ -31,7 +31,7 @@ void allreduceOneShot(Communicator& c, const OpDesc& op, const void* in, void* o
   const int n = c.size();
   uint64_t s = c.nextStep();
   c.writeHeader(op, s);
-  std::memcpy(c.slot(c.rank(), s), in, op.bytes());
+  copyBytes(c.slot(c.rank(), s), in, op.bytes());
   c.exchange(op, s);
   if (op.count == 0) return;
   std::vector<const void*> srcs(n);

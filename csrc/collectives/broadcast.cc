@@ -21,7 +21,7 @@ void broadcast(Communicator& c, const OpDesc& op, void* buf) {
   while (first || done < total) {
     size_t len = std::min(chunk, total - done);
     uint64_t s = c.nextStep();
-    if (root) std::memcpy(c.slot(c.rank(), s), p + done, len);
+    if (root) copyBytes(c.slot(c.rank(), s), p + done, len);
     if (first) {
       c.writeHeader(op, s);
       c.exchange(op, s);
@@ -30,7 +30,7 @@ void broadcast(Communicator& c, const OpDesc& op, void* buf) {
       if (!root) c.wait(op.root, s);
     }
     first = false;
-    if (!root) std::memcpy(p + done, c.slot(op.root, s), len);
+    if (!root) copyBytes(p + done, c.slot(op.root, s), len);
     done += len;
   }
 }

@@ -14,6 +14,7 @@
 
 #include <chrono>
 #include <cstdint>
+#include <cstring>
 #include <memory>
 #include <string>
 #include <vector>
@@ -144,6 +145,12 @@ class Communicator {
 
 // Buffer addresses as announced in headers, one per rank.
 std::vector<uint64_t> addressesOf(const void* const* ptrs, int n);
+
+// memcpy for buffers that may be null when empty (an empty tensor or
+// vector): memcpy's pointers must be valid even when n == 0.
+inline void copyBytes(void* dst, const void* src, size_t n) {
+  if (n) std::memcpy(dst, src, n);
+}
 
 // Splits `count` elements into `parts` nearly equal ranges whose starts are
 // multiples of `align` elements; returns [begin, end) of part `i`.

@@ -31,7 +31,7 @@ void allgatherDirect(Communicator& c, const OpDesc& op0, const void* in, void* c
   if (collect) {
     for (int r = 0; r < n; ++r) {
       if (r == me) {
-        if (outs[r] != in) std::memcpy(outs[r], in, op.bytes());
+        if (outs[r] != in) copyBytes(outs[r], in, op.bytes());
       } else {
         c.readPeer(r, c.inAddr(r, s0), outs[r], op.bytes());
       }
@@ -51,7 +51,7 @@ void scatterDirect(Communicator& c, const OpDesc& op0, const void* const* ins, v
   }
   uint64_t s0 = c.headerStep(op);
   if (root) {
-    std::memcpy(out, ins[me], op.bytes());
+    copyBytes(out, ins[me], op.bytes());
   } else {
     c.readPeer(op.root, c.peerAddr(op.root, s0, me), out, op.bytes());
   }

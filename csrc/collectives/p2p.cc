@@ -26,6 +26,7 @@ struct P2PEngine::Send {
   transport::Clock::time_point deadline;
   std::chrono::milliseconds timeout;
   Done done;
+  std::vector<uint8_t> rest;  // the payload, copied once a started send has failed
 };
 
 struct P2PEngine::Recv {
@@ -71,7 +72,7 @@ void P2PEngine::postSend(int dst, int tag, const void* data, size_t bytes,
                          Done done) {
   auto s = std::make_unique<Send>();
   *s = Send{dst, tag, static_cast<const uint8_t*>(data), bytes, Frame{kFrameMagic, tag, bytes},
-            0, deadline, timeout, std::move(done)};
+            0, deadline, timeout, std::move(done), {}};
   {
     std::lock_guard<std::mutex> lock(mu_);
     BRAID_ENFORCE(!stop_, "send", rank_, "the group was shut down");
@@ -229,25 +230,55 @@ void P2PEngine::failExpired() {
   std::string why;
   for (int dst = 0; dst < static_cast<int>(sends_.size()); ++dst) {
     auto& q = sends_[dst];
-    while (!q.empty()) {
-      Send& s = *q.front();
-      std::string msg;
-      if (w_.peerGone(dst, &why)) {
-        msg = errorText("send", rank_, why, " before receiving tag ", s.tag);
-      } else if (now >= s.deadline) {
-        msg = errorText("send", rank_, "timed out after ", s.timeout.count(),
-                        " ms waiting for rank ", dst, " to receive tag ", s.tag);
-      } else {
-        break;
+    const bool gone = !q.empty() && w_.peerGone(dst, &why);
+    for (auto it = q.begin(); it != q.end();) {
+      Send& s = **it;
+      if (!gone && now < s.deadline) {
+        ++it;
+        continue;
       }
-      complete(s, std::make_exception_ptr(TimeoutError(msg)));
-      q.pop_front();
+      if (gone) {
+        complete(s, std::make_exception_ptr(PeerLostError(
+                        errorText("send", rank_, why, " before receiving tag ", s.tag))));
+        it = q.erase(it);
+        continue;
+      }
+      complete(s, std::make_exception_ptr(TimeoutError(
+                      errorText("send", rank_, "timed out after ", s.timeout.count(),
+                                " ms waiting for rank ", dst, " to receive tag ", s.tag))));
+      if (s.pos == 0) {
+        it = q.erase(it);
+        continue;
+      }
+      // Note [Started messages]: part of this message is in the ring, and the
+      // peer would read the next frame as its payload. The caller has its
+      // error and may reuse its buffer; the rest goes from a copy.
+      s.rest.assign(s.data, s.data + s.bytes);
+      s.data = s.rest.data();
+      s.deadline = transport::Clock::time_point::max();
+      ++it;
     }
+  }
+  // A receive attached to a message still arriving fails when the sender is
+  // gone; a sender that is alive always finishes (Note [Started messages]).
+  for (int src = 0; src < static_cast<int>(incoming_.size()); ++src) {
+    if (!incoming_[src] || !w_.peerGone(src, &why)) continue;
+    progressIncoming(src);  // what the peer wrote before it left
+    std::unique_ptr<Incoming> cut = std::move(incoming_[src]);
+    if (!cut || !cut->recv) continue;
+    Recv* r = cut->recv;
+    complete(*r,
+             std::make_exception_ptr(PeerLostError(errorText(
+                 "recv", rank_, why, " in the middle of a message with tag ", cut->frame.tag,
+                 " (", cut->got, " of ", cut->frame.bytes, " bytes received)"))),
+             src);
+    recvs_.remove_if([r](const std::unique_ptr<Recv>& p) { return p.get() == r; });
   }
   for (auto it = recvs_.begin(); it != recvs_.end();) {
     Recv& r = **it;
     std::string msg;
-    if (!r.matched && r.src != kAnySource && w_.peerGone(r.src, &why)) {
+    const bool gone = !r.matched && r.src != kAnySource && w_.peerGone(r.src, &why);
+    if (gone) {
       msg = errorText("recv", rank_, why, " before sending tag ", r.tag);
     } else if (!r.matched && now >= r.deadline) {
       msg = errorText("recv", rank_, "timed out after ", r.timeout.count(), " ms waiting for ",
@@ -259,38 +290,60 @@ void P2PEngine::failExpired() {
       ++it;
       continue;
     }
-    complete(r, std::make_exception_ptr(TimeoutError(msg)), r.src);
+    complete(r,
+             gone ? std::make_exception_ptr(PeerLostError(msg))
+                  : std::make_exception_ptr(TimeoutError(msg)),
+             r.src);
     it = recvs_.erase(it);
   }
 }
 
 void P2PEngine::loop() {
   auto lastCheck = transport::Clock::now();
+  std::string fatal;
   for (;;) {
     uint32_t epoch = w_.activityEpoch();
     bool stop;
+    std::vector<std::unique_ptr<Recv>> posted;
     {
       std::lock_guard<std::mutex> lock(mu_);
       stop = stop_;
       for (auto& s : newSends_) sends_[s->dst].push_back(std::move(s));
       newSends_.clear();
-      for (auto& r : newRecvs_) {
+      posted.swap(newRecvs_);
+    }
+    try {
+      // Outside the lock: a match completes the receive, and its callback may
+      // post the next op.
+      for (auto& r : posted) {
         if (!matchUnexpected(*r)) recvs_.push_back(std::move(r));
       }
-      newRecvs_.clear();
+      if (stop) break;
+      bool moved = progressSends();
+      for (int src = 0; src < static_cast<int>(incoming_.size()); ++src) {
+        moved |= progressIncoming(src);
+      }
+      auto now = transport::Clock::now();
+      if (now - lastCheck > std::chrono::milliseconds(20)) {
+        failExpired();
+        lastCheck = now;
+      }
+      if (!moved) w_.waitActivity(epoch, kIdleSleep);
+    } catch (const std::exception& e) {
+      // Nothing may escape this thread (std::terminate): a corrupt stream or
+      // a throwing callback fails every pending and later op instead.
+      fatal = e.what();
+      for (auto& r : posted) {
+        if (r) recvs_.push_back(std::move(r));
+      }
+      std::lock_guard<std::mutex> lock(mu_);
+      stop_ = true;
+      break;
     }
-    if (stop) break;
-    bool moved = progressSends();
-    for (int src = 0; src < static_cast<int>(incoming_.size()); ++src) moved |= progressIncoming(src);
-    auto now = transport::Clock::now();
-    if (now - lastCheck > std::chrono::milliseconds(20)) {
-      failExpired();
-      lastCheck = now;
-    }
-    if (!moved) w_.waitActivity(epoch, kIdleSleep);
   }
-  auto err = [this](const char* op) {
-    return std::make_exception_ptr(Error(errorText(op, rank_, "the group was shut down")));
+  auto err = [&](const char* op) {
+    return std::make_exception_ptr(
+        Error(fatal.empty() ? errorText(op, rank_, "the group was shut down") : fatal));
   };
   for (auto& q : sends_) {
     for (auto& s : q) complete(*s, err("send"));

@@ -25,7 +25,7 @@ void reduce(Communicator& c, const OpDesc& op, const void* in, void* out) {
       op.bytes() <= c.slotBytes()) {
     uint64_t s = c.nextStep();
     c.writeHeader(op, s);
-    std::memcpy(c.slot(me, s), in, op.bytes());
+    copyBytes(c.slot(me, s), in, op.bytes());
     c.exchange(op, s);
     if (!root || op.count == 0) return;
     for (int r = 0; r < n; ++r) srcs[r] = c.slot(r, s);
@@ -40,7 +40,7 @@ void reduce(Communicator& c, const OpDesc& op, const void* in, void* out) {
     size_t ck = std::min(chunkElems, op.count - done);
     uint64_t sa = c.nextStep();
     if (first) c.writeHeader(op, sa);
-    std::memcpy(c.slot(me, sa), static_cast<const uint8_t*>(in) + done * es, ck * es);
+    copyBytes(c.slot(me, sa), static_cast<const uint8_t*>(in) + done * es, ck * es);
     if (first) {
       c.exchange(op, sa);
     } else {

@@ -27,7 +27,7 @@ void reduceScatter(Communicator& c, const OpDesc& op, const void* const* ins, vo
     size_t ck = std::min(pieceElems, op.count - done);
     uint64_t s = c.nextStep();
     for (int r = 0; r < n; ++r) {
-      std::memcpy(c.slot(me, s) + r * pieceBytes,
+      copyBytes(c.slot(me, s) + r * pieceBytes,
                   static_cast<const uint8_t*>(ins[r]) + done * es, ck * es);
     }
     if (first) {

@@ -8,25 +8,15 @@
 
 #include <climits>
 
-#include "common/settings.h"
-
 namespace braid {
 namespace transport {
 namespace shm {
-
-BRAID_SETTING_INT(kSpinUs, "BRAID_SHM_SPIN_US", 20,
-                  "Microseconds a waiting rank spins before it sleeps on a futex.");
 
 namespace {
 
 long futex(std::atomic<uint32_t>* addr, int op, uint32_t val, const struct timespec* ts) {
   // Not FUTEX_PRIVATE: the word lives in memory shared between processes.
   return syscall(SYS_futex, reinterpret_cast<uint32_t*>(addr), op, val, ts, nullptr, 0);
-}
-
-int64_t spinNanos() {
-  static const int64_t ns = kSpinUs.get() * 1000;
-  return ns;
 }
 
 }  // namespace
@@ -64,11 +54,12 @@ void sleepOnWord(Counter& c, uint32_t seen, std::chrono::microseconds slice) {
   c.sleepers.fetch_sub(1, std::memory_order_seq_cst);
 }
 
-WaitResult waitAtLeast(Counter& c, uint64_t target, std::chrono::microseconds slice) {
+WaitResult waitAtLeast(Counter& c, uint64_t target, std::chrono::microseconds slice,
+                       std::chrono::nanoseconds spin) {
   if (c.value.load(std::memory_order_acquire) >= target) return WaitResult::kReached;
   struct timespec t0;
   clock_gettime(CLOCK_MONOTONIC, &t0);
-  const int64_t budget = spinNanos();
+  const int64_t budget = spin.count();
   for (int i = 1;; ++i) {
     cpuRelax();
     if (c.value.load(std::memory_order_acquire) >= target) return WaitResult::kReached;

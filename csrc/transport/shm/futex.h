@@ -33,8 +33,9 @@ static_assert(sizeof(Counter) == 128, "Counter must be two cache lines");
 
 enum class WaitResult { kReached, kTimedOut };
 
-// Waits until c.value >= target, for at most `slice`. Spins first, then sleeps.
-WaitResult waitAtLeast(Counter& c, uint64_t target, std::chrono::microseconds slice);
+// Waits until c.value >= target, for at most `slice`. Spins for `spin` first, then sleeps.
+WaitResult waitAtLeast(Counter& c, uint64_t target, std::chrono::microseconds slice,
+                       std::chrono::nanoseconds spin);
 
 // Sleeps until the futex word changes from `seen` or the slice passes.
 void sleepOnWord(Counter& c, uint32_t seen, std::chrono::microseconds slice);

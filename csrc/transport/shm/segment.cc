@@ -9,6 +9,8 @@
 
 #include <cerrno>
 #include <cstring>
+#include <map>
+#include <mutex>
 #include <random>
 #include <utility>
 
@@ -19,6 +21,22 @@ namespace transport {
 namespace shm {
 
 namespace {
+
+#ifdef BRAID_SHARE_MAPPINGS
+// See Note [One mapping per process under TSan].
+struct SharedMapping {
+  uint8_t* base;
+  int users;
+};
+std::mutex& sharedMu() {
+  static std::mutex m;
+  return m;
+}
+std::map<std::string, SharedMapping>& shared() {
+  static std::map<std::string, SharedMapping> m;
+  return m;
+}
+#endif
 
 std::string pidNamespaceTag() {
   struct stat st;
@@ -50,13 +68,32 @@ uint8_t* mapFd(int fd, size_t bytes, const std::string& name) {
 
 Segment::~Segment() {
   unlink();
-  if (base_) munmap(base_, bytes_);
+  release();
+}
+
+void Segment::release() {
+  if (!base_) return;
+#ifdef BRAID_SHARE_MAPPINGS
+  {
+    std::lock_guard<std::mutex> lock(sharedMu());
+    auto it = shared().find(name_);
+    if (it != shared().end() && it->second.base == base_) {
+      if (--it->second.users > 0) {
+        base_ = nullptr;
+        return;
+      }
+      shared().erase(it);
+    }
+  }
+#endif
+  munmap(base_, bytes_);
+  base_ = nullptr;
 }
 
 Segment& Segment::operator=(Segment&& o) noexcept {
   if (this != &o) {
     unlink();
-    if (base_) munmap(base_, bytes_);
+    release();
     name_ = std::move(o.name_);
     base_ = std::exchange(o.base_, nullptr);
     bytes_ = std::exchange(o.bytes_, 0);
@@ -84,12 +121,29 @@ Segment Segment::create(size_t bytes) {
     }
     s.bytes_ = bytes;
     s.base_ = mapFd(fd, bytes, s.name_);
+#ifdef BRAID_SHARE_MAPPINGS
+    std::lock_guard<std::mutex> lock(sharedMu());
+    shared()[s.name_] = SharedMapping{s.base_, 1};
+#endif
     return s;
   }
 }
 
 Segment Segment::open(const std::string& name, size_t bytes) {
   Segment s;
+#ifdef BRAID_SHARE_MAPPINGS
+  {
+    std::lock_guard<std::mutex> lock(sharedMu());
+    auto it = shared().find(name);
+    if (it != shared().end()) {
+      ++it->second.users;
+      s.name_ = name;
+      s.bytes_ = bytes;
+      s.base_ = it->second.base;
+      return s;
+    }
+  }
+#endif
   int fd = shm_open(name.c_str(), O_RDWR, 0600);
   if (fd < 0) throw Error(strCat("braid shm: cannot open ", name, ": ", std::strerror(errno)));
   struct stat st;

@@ -36,10 +36,26 @@ class Segment {
 
  private:
   std::string name_;
+  void release();  // unmaps (or drops one user of a shared mapping)
+
   uint8_t* base_ = nullptr;
   size_t bytes_ = 0;
   bool linked_ = false;
 };
+
+// Note [One mapping per process under TSan]
+// With threads as ranks (the C++ tests), each rank maps each peer's segment
+// at an address of its own. TSan tracks memory by address, so it sees
+// neither the races nor the release/acquire ordering on shared memory. TSan
+// builds therefore map a segment created in this process once, and count
+// its users; the last one unmaps it.
+#if defined(__SANITIZE_THREAD__)
+#define BRAID_SHARE_MAPPINGS 1
+#elif defined(__has_feature)
+#if __has_feature(thread_sanitizer)
+#define BRAID_SHARE_MAPPINGS 1
+#endif
+#endif
 
 // Removes braid segments of this pid namespace whose creator is dead.
 void sweepStale();

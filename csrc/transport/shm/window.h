@@ -19,6 +19,7 @@ struct WindowOptions {
   size_t slotBytes = 0;     // 0: BRAID_SHM_SLOT_BYTES
   size_t channelBytes = 0;  // 0: BRAID_SHM_P2P_BYTES
   std::chrono::milliseconds timeout{300000};  // for the rendezvous through the store
+  int64_t spinUs = -1;      // -1: BRAID_SHM_SPIN_US
 };
 
 class RingChannel;
@@ -69,6 +70,7 @@ class ShmWindow : public Window {
   std::vector<Segment> segments_;  // by rank; segments_[rank_] is ours
   std::vector<std::unique_ptr<RingChannel>> to_, from_;
   std::atomic<bool> aborted_{false};
+  std::chrono::nanoseconds spin_{0};  // Note [Spin, then sleep]; fixed when the group is made
   bool canReadPeers_ = false;
   std::vector<int> pids_;
   std::unique_ptr<uint64_t> probe_;  // read by peers to test direct reads
