@@ -10,6 +10,7 @@
 
 #include "collectives/collectives.h"
 #include "collectives/p2p.h"
+#include "core_group.h"
 #include "memory_store.h"
 #include "transport/shm/window.h"
 
@@ -20,37 +21,9 @@ using collectives::Communicator;
 using collectives::OpDesc;
 using collectives::OpKind;
 using testing::MemoryStore;
+using testing::desc;
+using testing::Group;
 using testing::runRanks;
-
-struct Group {
-  MemoryStore store;
-  std::vector<std::unique_ptr<Communicator>> comms;
-  Group(int n, size_t slotBytes) : comms(n) {
-    runRanks(n, [&](int r) {
-      transport::shm::WindowOptions o;
-      o.slotBytes = slotBytes;
-      o.channelBytes = 4096;
-      o.timeout = std::chrono::seconds(20);
-      comms[r] = std::make_unique<Communicator>(
-          transport::shm::ShmWindow::create(store, r, n, o));
-    });
-  }
-};
-
-OpDesc desc(OpKind k, size_t count, DataType t = DataType::kFloat32, int root = 0,
-            ReduceOp op = ReduceOp::kSum) {
-  OpDesc d;
-  d.kind = k;
-  d.dtype = t;
-  d.count = count;
-  d.root = root;
-  d.redop = op;
-  d.shape.ndim = 1;
-  d.shape.dims[0] = static_cast<int64_t>(count);
-  d.timeout = std::chrono::milliseconds(20000);
-  d.deadline = transport::Clock::now() + d.timeout;
-  return d;
-}
 
 float val(int rank, size_t i) { return static_cast<float>((rank + 1) * 1000 + i % 997); }
 

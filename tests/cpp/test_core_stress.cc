@@ -23,6 +23,7 @@
 
 #include "collectives/collectives.h"
 #include "collectives/p2p.h"
+#include "core_group.h"
 #include "memory_store.h"
 #include "transport/shm/window.h"
 
@@ -40,33 +41,14 @@ using Clock = transport::Clock;
 
 constexpr milliseconds kLong{15000};  // "never" for a test; still bounded
 
-struct Group {
-  MemoryStore store;
-  std::vector<std::unique_ptr<Communicator>> comms;
-  Group(int n, size_t slotBytes, size_t channelBytes = 4096) : comms(n) {
-    runRanks(n, [&](int r) {
-      transport::shm::WindowOptions o;
-      o.slotBytes = slotBytes;
-      o.channelBytes = channelBytes;
-      o.timeout = kLong;
-      comms[r] = std::make_unique<Communicator>(transport::shm::ShmWindow::create(store, r, n, o));
-    });
-  }
+struct Group : testing::Group {
+  Group(int n, size_t slotBytes, size_t channelBytes = 4096)
+      : testing::Group(n, slotBytes, channelBytes, kLong) {}
 };
 
 OpDesc desc(OpKind k, size_t count, DataType t, int root = 0, ReduceOp op = ReduceOp::kSum,
             milliseconds timeout = kLong) {
-  OpDesc d;
-  d.kind = k;
-  d.dtype = t;
-  d.count = count;
-  d.root = root;
-  d.redop = op;
-  d.shape.ndim = 1;
-  d.shape.dims[0] = static_cast<int64_t>(count);
-  d.timeout = timeout;
-  d.deadline = Clock::now() + timeout;
-  return d;
+  return testing::desc(k, count, t, root, op, timeout);
 }
 
 OpDesc barrierDesc(milliseconds timeout = kLong) {
