@@ -326,6 +326,7 @@ class Runner:
                 torch.cuda.set_device(self.info.local_rank % torch.cuda.device_count())
             be.group = dist.new_group(backend=be.name, timeout=timeout)
         self.memcpy = bc.measure_memcpy(self.args.memcpy_bytes)
+        self.warm_up_groups()
         results = []
         for op in self.args.ops:
             for dt in (self.args.dtypes if op != "barrier" else ["-"]):
@@ -345,6 +346,18 @@ class Runner:
             be.group = None
         return {"env": env, "memcpy_before": self.memcpy, "memcpy_after": self.memcpy_after,
                 "results": results, "accuracy": accuracy}
+
+    def warm_up_groups(self):
+        """Note [Settling], for the first point: a fresh group's first few hundred calls run
+        while threads and pages are still being set up (the first 4-byte point measured 17 us,
+        the next size 7 us), so each backend makes small allreduces for about 0.3 s first."""
+        x = torch.ones(1)
+        for be in self.backends:
+            if be.device != "cpu":
+                continue
+            t = bc.time_iters(lambda: dist.all_reduce(x, group=be.group), 20, lambda: None)
+            bc.time_iters(lambda: dist.all_reduce(x, group=be.group),
+                          bc.agree_iters(t, 0.3, 1, 100000), lambda: None)
 
     def accuracy(self):
         """Note [Accuracy]: low-precision allreduce SUM against an fp64 reference."""
