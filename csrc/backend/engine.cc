@@ -20,6 +20,10 @@ BRAID_SETTING_INT(kWorkerSpinUs, "BRAID_WORKER_SPIN_US", 0,
 
 namespace {
 std::atomic<BlockingCallWrapper> blockingWrapper{nullptr};
+
+std::exception_ptr shutDownError() {
+  return std::make_exception_ptr(Error("braid: the group was shut down"));
+}
 }  // namespace
 
 void setBlockingCallWrapper(BlockingCallWrapper w) { blockingWrapper.store(w); }
@@ -42,7 +46,7 @@ uint64_t Engine::submit(Job job) {
   {
     std::lock_guard<std::mutex> lock(q.mu);
     if (q.stop) {
-      if (job.finish) job.finish(std::make_exception_ptr(Error("braid: the group was shut down")));
+      if (job.finish) job.finish(shutDownError());
       return 0;
     }
     id = job.id = ++q.lastId;
@@ -54,36 +58,41 @@ uint64_t Engine::submit(Job job) {
 }
 
 namespace {
-void runJob(Engine::Job& job) {
+// With q.mu held: takes the front job and marks this thread as running it.
+Engine::Job takeFront(Engine::Queue& q) {
+  Engine::Job job = std::move(q.jobs.front());
+  q.jobs.pop_front();
+  q.queued.fetch_sub(1, std::memory_order_release);
+  q.running = true;
+  q.runner = std::this_thread::get_id();
+  return job;
+}
+
+// Runs a job taken with takeFront; unless `nested`, then lets the next one go.
+void runTaken(Engine::Queue& q, Engine::Job& job, bool nested) {
   std::exception_ptr error = job.run();
   if (job.finish) job.finish(error);
+  if (nested) return;
+  {
+    std::lock_guard<std::mutex> lock(q.mu);
+    q.running = false;
+  }
+  q.cv.notify_all();  // the worker may wait for the next job, shutdown for this one
 }
 }  // namespace
 
 bool Engine::runHereIfNext(const QueuePtr& qp, uint64_t id) {
   Queue& q = *qp;
-  const auto me = std::this_thread::get_id();
   Job job;
   bool nested;
   {
     std::lock_guard<std::mutex> lock(q.mu);
     if (q.stop || q.jobs.empty() || q.jobs.front().id != id) return false;
-    if (q.running && q.runner != me) return false;
+    if (q.running && q.runner != std::this_thread::get_id()) return false;
     nested = q.running;
-    job = std::move(q.jobs.front());
-    q.jobs.pop_front();
-    q.queued.fetch_sub(1, std::memory_order_release);
-    q.running = true;
-    q.runner = me;
+    job = takeFront(q);
   }
-  runJob(job);
-  if (!nested) {
-    {
-      std::lock_guard<std::mutex> lock(q.mu);
-      q.running = false;
-    }
-    q.cv.notify_all();  // the worker may be waiting for the next job; shutdown for this one
-  }
+  runTaken(q, job, nested);
   return true;
 }
 
@@ -103,18 +112,9 @@ void Engine::loop() {
       std::unique_lock<std::mutex> lock(q.mu);
       q.cv.wait(lock, [&] { return q.stop || (!q.jobs.empty() && !q.running); });
       if (q.stop && q.jobs.empty()) return;
-      job = std::move(q.jobs.front());
-      q.jobs.pop_front();
-      q.queued.fetch_sub(1, std::memory_order_release);
-      q.running = true;
-      q.runner = std::this_thread::get_id();
+      job = takeFront(q);
     }
-    runJob(job);
-    {
-      std::lock_guard<std::mutex> lock(q.mu);
-      q.running = false;
-    }
-    q.cv.notify_all();
+    runTaken(q, job, false);
   }
 }
 
@@ -155,7 +155,7 @@ void Engine::shutdown() {
     }
   }
   for (auto& j : dropped) {
-    if (j.finish) j.finish(std::make_exception_ptr(Error("braid: the group was shut down")));
+    if (j.finish) j.finish(shutDownError());
   }
   if (p2p_) p2p_->shutdown();
   comm_->window().markClosed();
