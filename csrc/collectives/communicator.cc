@@ -55,16 +55,18 @@ uint32_t parseDirectOps(const std::string& list, int rank) {
     item.erase(item.find_last_not_of(" \t") + 1);
     if (item.empty()) continue;
     bool found = false;
+    std::string known;
     for (uint32_t k = static_cast<uint32_t>(OpKind::kAllreduce);
          k <= static_cast<uint32_t>(OpKind::kAlltoall); ++k) {
-      if (item == opName(static_cast<OpKind>(k))) {
+      const char* name = opName(static_cast<OpKind>(k));
+      known += known.empty() ? name : std::string(", ") + name;
+      if (item == name) {
         mask |= 1u << k;
         found = true;
       }
     }
     BRAID_ENFORCE(found, "init", rank, "BRAID_DIRECT_OPS names an unknown op '", item,
-                  "' (known: allreduce, broadcast, reduce, allgather, gather, scatter, "
-                  "reduce_scatter, alltoall)");
+                  "' (known: ", known, ")");
   }
   return mask;
 }
@@ -271,11 +273,12 @@ void Communicator::checkPeer(const OpDesc& op, int peer, uint64_t step) {
                 toString(peerType), "), this rank shape ", op.shape.str(), " (",
                 toString(op.dtype), ")");
   }
-  if (h->chunkBytes != chunkBytes_ || h->direct != (useDirect(op.kind, op.bytes()) ? 1u : 0u)) {
+  // Compared with what this rank wrote into its own header for this step.
+  const WireHeader* mine = headerAt(*window_, rank_, step);
+  if (h->chunkBytes != mine->chunkBytes || h->direct != mine->direct) {
     BRAID_THROW(Error, me, rank_, "rank ", peer, " runs this op with ", h->chunkBytes,
                 "-byte chunks and direct reads ", h->direct ? "on" : "off", ", this rank with ",
-                chunkBytes_, "-byte chunks and direct reads ",
-                useDirect(op.kind, op.bytes()) ? "on" : "off",
+                mine->chunkBytes, "-byte chunks and direct reads ", mine->direct ? "on" : "off",
                 " (BRAID_CHUNK_BYTES, BRAID_SHM_SLOT_BYTES, BRAID_DIRECT_OPS and "
                 "BRAID_DIRECT_MIN_BYTES must be equal on every rank)");
   }
