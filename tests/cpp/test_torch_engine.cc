@@ -111,7 +111,9 @@ TEST(Engine, CallerRunsItsJobWhenTheWorkerIsBusy) {
   // Either this thread takes it, or the worker ran it first.
   bool here = Engine::runHereIfNext(e->queue(), id);
   waitFor(log, 1);
-  if (here) EXPECT_EQ(log.threads[0], std::this_thread::get_id());
+  if (here) {
+    EXPECT_EQ(log.threads[0], std::this_thread::get_id());
+  }
   e->shutdown();
 }
 
