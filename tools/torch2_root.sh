@@ -1,8 +1,9 @@
 #!/usr/bin/env bash
-# Runs a command inside a Debian root that has torch 2.x (trixie: torch 2.6),
-# made with debootstrap on first use, with this repository bind-mounted at /braid.
+# Runs a command inside a Debian root that has torch 2.x (trixie: torch 2.6;
+# forky: torch 2.14), made with debootstrap on first use, with this repository
+# bind-mounted at /braid.
 #
-#   tools/torch2_root.sh [--suite trixie|sid] -- COMMAND...
+#   tools/torch2_root.sh [--suite trixie|forky] -- COMMAND...
 #
 # BRAID_ROOT_DIR (default /var/tmp/braid-roots) holds the roots; they are
 # reused across runs. Needs root (debootstrap, mount, chroot).
@@ -24,23 +25,29 @@ if [[ ! -f $root/.braid-ready ]]; then
   echo "torch2_root: creating $suite root in $root (a few minutes)" >&2
   rm -rf "$root"
   mkdir -p "$base"
-  debootstrap --variant=minbase --include=$pkgs "$suite" "$root" >"$base/$suite.log" 2>&1 || {
+  # Bookworm's debootstrap knows no forky (testing): its sid script with the
+  # suite name works, given the mirror that apt uses here.
+  mirror=$(awk '/^URIs:/ {print $2; exit}' /etc/apt/sources.list.d/debian.sources 2>/dev/null || true)
+  mirror=${mirror:-http://deb.debian.org/debian}
+  script=()
+  [[ -f /usr/share/debootstrap/scripts/$suite ]] || script=(/usr/share/debootstrap/scripts/sid)
+  debootstrap --variant=minbase --include=$pkgs "$suite" "$root" "$mirror" "${script[@]}" \
+    >"$base/$suite.log" 2>&1 || {
     tail -20 "$base/$suite.log" >&2
     exit 1
   }
   touch "$root/.braid-ready"
 fi
 
-mounted=()
-cleanup() {
-  for ((i = ${#mounted[@]} - 1; i >= 0; i--)); do umount -l "${mounted[i]}" 2>/dev/null || true; done
-}
-trap cleanup EXIT
+# The mounts live in a private mount namespace of this command: they vanish
+# with it, and runs from several checkouts (worktrees) at once do not see or
+# unmount each other's /braid.
+if [[ -z "${BRAID_ROOT_NS:-}" ]]; then
+  exec env BRAID_ROOT_NS=1 unshare --mount --propagation private "$0" --suite "$suite" -- "$@"
+fi
 bind() {  # bind SRC DST
   mkdir -p "$2"
-  mountpoint -q "$2" && umount -l "$2" || true
   mount --bind "$1" "$2"
-  mounted+=("$2")
 }
 bind /proc "$root/proc"
 bind /dev "$root/dev"
