@@ -3,7 +3,11 @@ runs this script. No build isolation is needed or wanted: the extension must
 match the installed torch exactly.
 
     /usr/bin/python3 setup.py build_ext --inplace     # for development and tests
-    /usr/bin/python3 -m pip install --no-build-isolation .
+    python3 -m pip install --no-build-isolation .       # into the venv that holds torch
+
+The extension is compiled with the pybind11 headers that torch was built with
+(Note [One pybind11 per process] in CMakeLists.txt): no pybind11 from pip is
+needed or used.
 """
 import os
 import shutil
@@ -46,11 +50,13 @@ class CMakeBuild(build_ext):
         subprocess.check_call(["cmake", "--build", build_dir, "-j", jobs, "--target", "_C"])
         # _C is self-contained (libbraid's objects are linked in), so builds
         # for several Python/torch versions can sit side by side.
-        dest = os.path.dirname(os.path.abspath(self.get_ext_fullpath(ext.name)))
-        os.makedirs(dest, exist_ok=True)
-        for f in os.listdir(build_dir):
-            if f.startswith("_C") and f.endswith(".so"):
-                shutil.copy2(os.path.join(build_dir, f), os.path.join(dest, f))
+        target = os.path.abspath(self.get_ext_fullpath(ext.name))
+        built = os.path.join(build_dir, os.path.basename(target))
+        if not os.path.exists(built):
+            raise RuntimeError(f"braid: the build made no {built} (is CMake's Python "
+                               f"{sys.executable}?)")
+        os.makedirs(os.path.dirname(target), exist_ok=True)
+        shutil.copy2(built, target)
 
 
 setup(

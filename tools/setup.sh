@@ -32,4 +32,6 @@ if ! BRAID_JOBS=${BRAID_JOBS:-$(nproc)} $PY setup.py build_ext --inplace >"$log"
   echo "setup: build failed (full log: $log)" >&2
   exit 1
 fi
+# Which pybind11 and C++ standard the build took (cmake/TorchPybind11.cmake).
+grep -h "^-- braid: " "$log" >&2 || true
 rm -f "$log"

@@ -17,6 +17,8 @@ repo=$(cd "$(dirname "$0")/.." && pwd)
 base=${BRAID_ROOT_DIR:-/var/tmp/braid-roots}
 root=$base/$suite
 pkgs=python3-torch,libtorch-dev,pybind11-dev,python3-pytest,g++,cmake,make,python3-dev,python3-setuptools,ccache,libgtest-dev,procps,python3-matplotlib
+# torch 2.14's Python headers include <fmt/format.h>; its libtorch-dev does not pull it in.
+[[ $suite == trixie ]] || pkgs+=,libfmt-dev
 
 if [[ ! -f $root/.braid-ready ]]; then
   command -v debootstrap >/dev/null || {
@@ -37,6 +39,21 @@ if [[ ! -f $root/.braid-ready ]]; then
     exit 1
   }
   touch "$root/.braid-ready"
+fi
+# A root made by an older version of this script may lack a package added since.
+missing=()
+for p in ${pkgs//,/ }; do
+  chroot "$root" dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" ||
+    missing+=("$p")
+done
+if ((${#missing[@]})); then
+  echo "torch2_root: installing ${missing[*]} in the $suite root" >&2
+  cp /etc/resolv.conf "$root/etc/resolv.conf" 2>/dev/null || true
+  chroot "$root" /bin/bash -c "apt-get -o Acquire::Check-Valid-Until=false update -qq && DEBIAN_FRONTEND=noninteractive \
+    apt-get install -y -qq --no-install-recommends ${missing[*]}" >"$base/$suite-extra.log" 2>&1 || {
+    tail -20 "$base/$suite-extra.log" >&2
+    exit 1
+  }
 fi
 
 # The mounts live in a private mount namespace of this command: they vanish

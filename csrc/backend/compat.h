@@ -11,6 +11,9 @@
 #include <torch/csrc/distributed/c10d/Types.hpp>
 #include <torch/csrc/distributed/c10d/Work.hpp>
 #include <torch/csrc/distributed/c10d/comm.hpp>
+#include <torch/csrc/autograd/variable.h>
+
+#include <utility>
 
 // Note [torch 1.13 vs 2.x]
 // On 1.13 a third-party backend is a c10d::ProcessGroup. On 2.x it is a
@@ -38,6 +41,11 @@ using BackendBase = c10d::ProcessGroup;
 
 constexpr bool kTorch2 = BRAID_TORCH2;
 
+// The owning pointer to an autograd node: std::shared_ptr up to torch 2.13,
+// c10::intrusive_ptr from 2.14 on. Both have get() and ->.
+using NodePtr =
+    decltype(torch::autograd::impl::grad_accumulator(std::declval<const at::Tensor&>()));
+
 // Python name of the pybind class our backend derives from, in torch._C._distributed_c10d.
 const char* pythonBaseClassName();
 
@@ -55,6 +63,12 @@ c10d::GradBucket makeGradBucket(size_t index, size_t bucketCount, const at::Tens
 // torch 2.x TCPStores default to libuv, which Debian's torch lacks: follow
 // USE_LIBUV (default on), as torch's Python side does. No-op on 1.13.
 void applyLibuvSetting(c10d::TCPStoreOptions* opts);
+
+// A communication failure (a timeout, a lost peer) as torch reports its own:
+// c10::DistBackendError where torch has it (Python: torch.distributed.
+// DistBackendError, a RuntimeError), so scripts and tools that match on
+// either type work. Other errors pass through unchanged.
+std::exception_ptr asTorchError(std::exception_ptr error);
 
 // Wraps a braid backend as a c10d::ProcessGroup (itself on 1.13).
 c10::intrusive_ptr<c10d::ProcessGroup> wrapAsProcessGroup(

@@ -62,6 +62,12 @@ py::dict buildInfo() {
   d["cuda"] = false;
 #endif
   d["transports"] = std::vector<std::string>{"shm"};
+  // Note [One pybind11 per process] (CMakeLists.txt): the headers used.
+  d["pybind11"] = std::to_string(PYBIND11_VERSION_MAJOR) + "." +
+                  std::to_string(PYBIND11_VERSION_MINOR) + "." + PYBIND11_TOSTRING(PYBIND11_VERSION_PATCH);
+#ifdef BRAID_PYBIND11_INCLUDE_DIR
+  d["pybind11_include"] = BRAID_PYBIND11_INCLUDE_DIR;
+#endif
 #if defined(__clang__)
   d["compiler"] = "clang " __clang_version__;
 #elif defined(__GNUC__)
@@ -99,7 +105,25 @@ void releaseGilAround(const std::function<void()>& f) {
 }
 }  // namespace
 
+namespace {
+// Note [One pybind11 per process] (CMakeLists.txt): a module built with other
+// pybind11 headers than torch's keeps its own type registry, in which torch's
+// c10d classes do not exist; objects then cross between the two registries
+// and crash far from here. Refuse to import instead.
+void requireTorchsPybind11() {
+  py::module::import("torch._C._distributed_c10d");  // registers torch's c10d types
+  if (py::detail::get_type_info(typeid(braid::compat::BackendBase))) return;
+  throw py::import_error(
+      std::string("torch_braid._C was built with pybind11 ") + std::to_string(PYBIND11_VERSION_MAJOR) +
+      "." + std::to_string(PYBIND11_VERSION_MINOR) + " headers whose type registry does not hold "
+      "torch's c10d::" + braid::compat::pythonBaseClassName() +
+      ": it must be built with the pybind11 that torch " TORCH_VERSION " was built with. "
+      "Rebuild braid (setup.py picks torch's own headers).");
+}
+}  // namespace
+
 PYBIND11_MODULE(_C, m) {
+  requireTorchsPybind11();
   braid::setBlockingCallWrapper(&releaseGilAround);
   m.doc() = "braid: a shared-memory c10d backend for PyTorch";
   m.attr("__version__") = BRAID_VERSION;

@@ -14,15 +14,9 @@
 #include <memory>
 #include <mutex>
 #include <string>
-#include <torch/csrc/distributed/c10d/ProcessGroup.hpp>
-#include <torch/csrc/distributed/c10d/comm.hpp>
 #include <vector>
 
-namespace torch {
-namespace autograd {
-struct Node;
-}
-}  // namespace torch
+#include "backend/compat.h"
 
 namespace braid {
 
@@ -77,7 +71,7 @@ class Reducer {
  private:
   struct Param {
     at::Tensor tensor;
-    std::shared_ptr<torch::autograd::Node> gradAcc;
+    compat::NodePtr gradAcc;  // keeps the accumulator (and our hook) alive
     uintptr_t hookKey = 0;
     size_t bucket = 0;
     size_t slot = 0;
