@@ -5,6 +5,7 @@
 #include "common/error.h"
 #include "common/logging.h"
 #include "common/settings.h"
+#include "common/thread_name.h"
 #include "transport/shm/futex.h"
 
 namespace braid {
@@ -30,7 +31,10 @@ void setBlockingCallWrapper(BlockingCallWrapper w) { blockingWrapper.store(w); }
 
 Engine::Engine(std::unique_ptr<transport::Window> window, std::chrono::milliseconds timeout)
     : comm_(std::make_unique<collectives::Communicator>(std::move(window))), timeout_(timeout) {
-  worker_ = std::thread([this] { loop(); });
+  worker_ = std::thread([this] {
+    nameThisThread("braid-worker");
+    loop();
+  });
 }
 
 Engine::~Engine() { shutdown(); }

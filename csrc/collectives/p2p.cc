@@ -3,6 +3,7 @@
 #include <cstring>
 
 #include "common/error.h"
+#include "common/thread_name.h"
 
 namespace braid {
 namespace collectives {
@@ -53,7 +54,10 @@ struct P2PEngine::Incoming {
 
 P2PEngine::P2PEngine(transport::Window& window)
     : w_(window), rank_(window.rank()), sends_(window.size()), incoming_(window.size()) {
-  thread_ = std::thread([this] { loop(); });
+  thread_ = std::thread([this] {
+    nameThisThread("braid-p2p");
+    loop();
+  });
 }
 
 P2PEngine::~P2PEngine() { shutdown(); }
@@ -244,7 +248,7 @@ void P2PEngine::failExpired() {
         continue;
       }
       complete(s, std::make_exception_ptr(TimeoutError(
-                      errorText("send", rank_, "timed out after ", s.timeout.count(),
+                      errorText("send", rank_, "Timed out after ", s.timeout.count(),
                                 " ms waiting for rank ", dst, " to receive tag ", s.tag))));
       if (s.pos == 0) {
         it = q.erase(it);
@@ -281,7 +285,7 @@ void P2PEngine::failExpired() {
     if (gone) {
       msg = errorText("recv", rank_, why, " before sending tag ", r.tag);
     } else if (!r.matched && now >= r.deadline) {
-      msg = errorText("recv", rank_, "timed out after ", r.timeout.count(), " ms waiting for ",
+      msg = errorText("recv", rank_, "Timed out after ", r.timeout.count(), " ms waiting for ",
                       r.src == kAnySource ? std::string("any rank")
                                           : strCat("rank ", r.src),
                       " (tag ", r.tag, ")");

@@ -126,8 +126,30 @@ def orphaned_segments(before):
     return orphans
 
 
-def thread_count():
-    return len(os.listdir("/proc/self/task"))
+def braid_threads():
+    """Names of this process's threads that braid started (common/thread_name.h).
+
+    Counting only these keeps leak checks exact: torch starts threads of its
+    own lazily (newer releases more of them), which are not braid's to join.
+    """
+    names = []
+    for tid in os.listdir("/proc/self/task"):
+        try:
+            with open(f"/proc/self/task/{tid}/comm") as f:
+                name = f.read().strip()
+        except OSError:
+            continue  # the thread ended while we looked
+        if name.startswith("braid-"):
+            names.append(name)
+    return sorted(names)
+
+
+def torch_scratch(name):
+    """Whether a file in TMPDIR is torch's own scratch, not a braid leftover.
+
+    torch 2.x's inductor keeps a compile cache in TMPDIR/torchinductor_<user>.
+    """
+    return name.startswith("torchinductor_")
 
 
 # ----------------------------------------------------------------------------

@@ -71,4 +71,5 @@ def test_example(name, tmp_path):
         pytest.fail(f"{name} did not finish within {TIMEOUT_S:.0f} s:\n{out[-6000:]}")
     assert proc.returncode == 0, f"{name} exited with {proc.returncode}:\n{out[-6000:]}"
     assert f"{name}: OK" in out, out[-6000:]
-    assert not os.listdir(scratch), "the example left files behind"
+    left = [f for f in os.listdir(scratch) if not H.torch_scratch(f)]
+    assert not left, f"the example left files behind: {left}"
