@@ -3,6 +3,8 @@
 #include <cstdlib>
 #include <string>
 
+#include "common/error.h"
+
 namespace braid {
 namespace compat {
 
@@ -41,6 +43,23 @@ c10d::GradBucket makeGradBucket(size_t index, size_t bucketCount, const at::Tens
 #else
   return c10d::GradBucket(index, bucketCount, buffer, offsets, lengths, sizes, parameters);
 #endif
+}
+
+std::exception_ptr asTorchError(std::exception_ptr error) {
+#if TORCH_VERSION_MAJOR > 2 || (TORCH_VERSION_MAJOR == 2 && TORCH_VERSION_MINOR >= 1)
+  if (!error) return error;
+  try {
+    std::rethrow_exception(error);
+  } catch (const TimeoutError& e) {
+    return std::make_exception_ptr(
+        c10::DistBackendError(c10::SourceLocation{__func__, __FILE__, __LINE__}, e.what()));
+  } catch (const PeerLostError& e) {
+    return std::make_exception_ptr(
+        c10::DistBackendError(c10::SourceLocation{__func__, __FILE__, __LINE__}, e.what()));
+  } catch (...) {
+  }
+#endif
+  return error;
 }
 
 c10::intrusive_ptr<c10d::ProcessGroup> wrapAsProcessGroup(

@@ -13,6 +13,7 @@ WorkBraid::WorkBraid(int rank, c10d::OpType type, const char* title,
 
 void WorkBraid::markDone(std::exception_ptr error, int sourceRank) {
   sourceRank_.store(sourceRank);
+  error = compat::asTorchError(error);
   // finish() first so that a future callback that inspects the work (or
   // waits on it) sees it complete.
   finish(error);

@@ -241,7 +241,7 @@ TEST(Errors, TimeoutNamesTheMissingRank) {
       collectives::barrier(*g.comms[r], d);
       ADD_FAILURE() << "barrier did not time out";
     } catch (const TimeoutError& e) {
-      EXPECT_NE(std::string(e.what()).find("timed out after 300 ms waiting for rank(s) [2]"),
+      EXPECT_NE(std::string(e.what()).find("Timed out after 300 ms waiting for rank(s) [2]"),
                 std::string::npos)
           << e.what();
     }

@@ -568,7 +568,7 @@ TEST(Timeouts, PeerSlowerThanTheTimeoutIsNamed) {
       ADD_FAILURE() << "rank " << r << " did not time out";
     } catch (const TimeoutError& e) {
       ++timedOut;
-      EXPECT_NE(std::string(e.what()).find("timed out after 300 ms waiting for rank(s) [2]"),
+      EXPECT_NE(std::string(e.what()).find("Timed out after 300 ms waiting for rank(s) [2]"),
                 std::string::npos)
           << e.what();
     }
@@ -601,7 +601,7 @@ TEST(Timeouts, RecvTimesOutAndTheLateMessageGoesToTheNextRecv) {
         first.get();
         ADD_FAILURE() << "the receive did not time out";
       } catch (const TimeoutError& e) {
-        EXPECT_NE(std::string(e.what()).find("timed out after 200 ms waiting for rank 1 (tag 5)"),
+        EXPECT_NE(std::string(e.what()).find("Timed out after 200 ms waiting for rank 1 (tag 5)"),
                   std::string::npos)
             << e.what();
       }

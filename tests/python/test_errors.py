@@ -150,7 +150,7 @@ def test_peer_timeout_then_clean_exit():
     assert 1.9 <= elapsed <= 3.0, f"error after {elapsed:.2f} s, expected within 2 s + 1 s"
     if H.BACKEND == "braid":
         with pytest.raises(RuntimeError,
-                           match=r"timed out after 2000 ms waiting for rank\(s\) \[1\]"):
+                           match=r"Timed out after 2000 ms waiting for rank\(s\) \[1\]"):
             raise_outcome(message)
     assert not world.exit_errors, world.exit_errors
     assert codes == {0: 0, 1: 0}, f"exit codes after the timeout: {codes}"

@@ -8,6 +8,7 @@
 #include <unistd.h>
 
 #include <cerrno>
+#include <cstdio>
 #include <cstring>
 #include <map>
 #include <mutex>
@@ -165,6 +166,21 @@ void Segment::unlink() {
   }
 }
 
+bool processGone(pid_t pid) {
+  if (kill(pid, 0) != 0) return errno == ESRCH;
+  // /proc/<pid>/stat is "pid (comm) S ...": the state follows the last ')'.
+  char path[64];
+  snprintf(path, sizeof path, "/proc/%d/stat", static_cast<int>(pid));
+  FILE* f = fopen(path, "re");
+  if (!f) return false;  // no procfs: trust kill()
+  char buf[512];
+  size_t n = fread(buf, 1, sizeof buf - 1, f);
+  fclose(f);
+  buf[n] = '\0';
+  const char* close = strrchr(buf, ')');
+  return close && close[1] == ' ' && (close[2] == 'Z' || close[2] == 'X');
+}
+
 void sweepStale() {
   const std::string prefix = "braid." + pidNamespaceTag() + ".";
   DIR* d = opendir("/dev/shm");
@@ -173,7 +189,7 @@ void sweepStale() {
     std::string n = e->d_name;
     if (n.compare(0, prefix.size(), prefix) != 0) continue;
     pid_t pid = static_cast<pid_t>(atol(n.c_str() + prefix.size()));
-    if (pid > 0 && kill(pid, 0) != 0 && errno == ESRCH) shm_unlink(("/" + n).c_str());
+    if (pid > 0 && processGone(pid)) shm_unlink(("/" + n).c_str());
   }
   closedir(d);
 }

@@ -60,6 +60,11 @@ class Segment {
 // Removes braid segments of this pid namespace whose creator is dead.
 void sweepStale();
 
+// Whether process `pid` (in this pid namespace) has exited: it is gone, or a
+// zombie that its parent has not reaped yet (a launcher busy elsewhere), which
+// will never take another step either.
+bool processGone(pid_t pid);
+
 }  // namespace shm
 }  // namespace transport
 }  // namespace braid

@@ -233,7 +233,7 @@ bool ShmWindow::peerGone(int peer, std::string* why) {
     if (why) *why = strCat("rank ", peer, " left the group (destroyed it or exited)");
     return true;
   }
-  if (h->pid != getpid() && kill(h->pid, 0) != 0 && errno == ESRCH) {
+  if (h->pid != getpid() && processGone(h->pid)) {
     if (why) *why = strCat("rank ", peer, " (pid ", h->pid, ") exited");
     return true;
   }
@@ -278,7 +278,7 @@ void ShmWindow::waitAll(uint64_t step, const WaitContext& ctx) {
 }
 
 void ShmWindow::failWait(const std::vector<int>& missing, uint64_t step, const WaitContext& ctx) {
-  BRAID_THROW(TimeoutError, ctx.op, rank_, "timed out after ", ctx.timeout.count(),
+  BRAID_THROW(TimeoutError, ctx.op, rank_, "Timed out after ", ctx.timeout.count(),
               " ms waiting for rank(s) ", rankList(missing), " (op #", ctx.opSeq, ")");
 }
 
