@@ -1,15 +1,25 @@
 #!/usr/bin/env bash
-# Every test, on a fresh Debian bookworm machine as on a developer's:
+# Every test, on a fresh Debian bookworm machine as on a developer's, once per
+# torch that CI covers:
 #   1. torch 1.13 from bookworm (installed with apt when missing);
-#   2. torch 2.x from Debian trixie, in a root made with debootstrap
-#      (tools/torch2_root.sh; about 2 GB, made once and reused).
-# Needs root (apt, debootstrap, chroot). BRAID_SKIP_TORCH2=1 skips step 2.
+#   2. torch 2.6 from Debian trixie, in a root made with debootstrap;
+#   3. torch 2.14 from Debian forky (testing), in a second root.
+# The roots (tools/torch2_root.sh; about 2 GB each) are made once and reused.
+# Needs root (apt, debootstrap, chroot).
+#   BRAID_SKIP_TORCH2=1        runs step 1 only;
+#   BRAID_TORCH2_SUITES="..."  picks the roots (default "trixie forky").
 set -euo pipefail
 repo=$(cd "$(dirname "$0")/.." && pwd)
 start=$SECONDS
 "$repo/tests/run_suite.sh"
+versions=("torch $(/usr/bin/python3 -c 'import torch; print(torch.__version__)' 2>/dev/null)")
 if [[ "${BRAID_SKIP_TORCH2:-0}" != 1 ]]; then
-  "$repo/tools/torch2_root.sh" -- tests/run_suite.sh
+  for suite in ${BRAID_TORCH2_SUITES:-trixie forky}; do
+    echo "=== $suite root" >&2
+    "$repo/tools/torch2_root.sh" --suite "$suite" -- tests/run_suite.sh
+    versions+=("torch $("$repo/tools/torch2_root.sh" --suite "$suite" -- \
+      python3 -c 'import torch; print(torch.__version__)' 2>/dev/null)")
+  done
 fi
-if [[ "${BRAID_SKIP_TORCH2:-0}" == 1 ]]; then versions="torch 1.13 only"; else versions="torch 1.13 and torch 2.x"; fi
-echo "run_all: every suite passed on $versions in $((SECONDS - start)) s" >&2
+summary=$(IFS=,; echo "${versions[*]}")
+echo "run_all: every suite passed on ${summary//,/, } in $((SECONDS - start)) s" >&2

@@ -122,6 +122,20 @@ void Engine::loop() {
   }
 }
 
+void Engine::drain() {
+  Queue& q = *q_;
+  auto waitEmpty = [&q] {
+    std::unique_lock<std::mutex> lock(q.mu);
+    if (q.running && q.runner == std::this_thread::get_id()) return;
+    q.cv.wait(lock, [&] { return q.stop || (q.jobs.empty() && !q.running); });
+  };
+  if (auto wrap = blockingWrapper.load()) {
+    wrap(waitEmpty);
+  } else {
+    waitEmpty();
+  }
+}
+
 void Engine::shutdown() {
   Queue& q = *q_;
   std::deque<Job> dropped;

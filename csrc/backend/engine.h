@@ -73,7 +73,12 @@ class Engine {
   // See Note [Running a job on the waiting thread]: runs job `id` on this
   // thread if it may; returns whether it did.
   static bool runHereIfNext(const QueuePtr& q, uint64_t id);
-  // Aborts waits, fails queued jobs, joins the threads. Idempotent.
+  // Waits until every submitted job has run (each ends by its own deadline),
+  // without the GIL. A no-op on the thread running a job, which would wait
+  // for itself.
+  void drain();
+  // Aborts waits, fails queued jobs, joins the threads. Idempotent, and safe
+  // from any thread.
   void shutdown();
 
  private:

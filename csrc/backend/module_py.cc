@@ -139,7 +139,13 @@ PYBIND11_MODULE(_C, m) {
            py::arg("store"), py::arg("rank"), py::arg("size"), py::arg("timeout"),
            py::call_guard<py::gil_scoped_release>())
       .def("_shutdown", &braid::ProcessGroupBraid::shutdownNow,
-           py::call_guard<py::gil_scoped_release>());
+           py::call_guard<py::gil_scoped_release>())
+      // torch 2.8+ binds these on Backend already; older torch gets them here.
+      .def("shutdown", &braid::ProcessGroupBraid::shutdown,
+           py::call_guard<py::gil_scoped_release>(),
+           "Lets issued ops finish, then stops the group's threads and frees its memory.")
+      .def("abort", &braid::ProcessGroupBraid::abort, py::call_guard<py::gil_scoped_release>(),
+           "Fails every pending and queued op now; ranks blocked in an op return at once.");
   m.def("build_info", &buildInfo);
   m.def("settings", &settings);
   for (auto& part : braid::python::parts()) part.second(m);

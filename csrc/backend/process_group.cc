@@ -64,6 +64,14 @@ void ProcessGroupBraid::shutdownNow() {
   if (engine_) engine_->shutdown();
 }
 
+void ProcessGroupBraid::shutdown() {
+  if (!engine_) return;
+  engine_->drain();
+  engine_->shutdown();
+}
+
+void ProcessGroupBraid::abort() { shutdownNow(); }
+
 uint64_t ProcessGroupBraid::getSequenceNumberForGroup() { return launched_.load(); }
 
 OpDesc ProcessGroupBraid::desc(OpKind kind, std::chrono::milliseconds optTimeout) const {

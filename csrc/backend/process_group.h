@@ -91,6 +91,20 @@ class ProcessGroupBraid : public compat::BackendBase {
   // Stops the worker and fails queued work; later calls throw.
   void shutdownNow();
 
+  // Note [Overrides that depend on the torch version]
+  // c10d::Backend gained these virtuals over torch 2.x (abort and shutdown
+  // by 2.8; destroy_process_group calls shutdown). They are declared without
+  // `override` so that one source builds on every torch: where the base has
+  // the virtual, these override it (same signature); where it has not (1.13,
+  // 2.6), they are plain members that braid's own bindings call.
+  //
+  // shutdown(): lets the ops already issued finish (each within its timeout),
+  // then stops the threads and releases the shared memory. Later ops fail.
+  void shutdown();  // NOLINT(modernize-use-override): see the Note
+  // abort(): fails every pending and queued op now, from any thread; ranks
+  // blocked in an op return at once with an error.
+  void abort();  // NOLINT(modernize-use-override): see the Note
+
  private:
   using Body = std::function<void()>;
   // Runs body on the worker; its Work completes with `outputs` or the error.
