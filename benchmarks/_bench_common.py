@@ -233,9 +233,10 @@ def ensure_backend(name):
                            "(import its module with --import MODULE)")
 
 
-def resolve_backends(spec, imports=()):
+def resolve_backends(spec, imports=(), devices=("cpu", "cuda")):
     """'braid,gloo,gloo' -> [Backend] labelled braid, gloo, gloo#2; 'auto' = braid if it
-    imports, gloo, and nccl when CUDA is present. Call after init_worker, on every rank."""
+    imports, gloo, and nccl when CUDA is present and the benchmark's tensors may live
+    there (`devices`). Call after init_worker, on every rank."""
     import importlib
 
     import torch
@@ -251,13 +252,16 @@ def resolve_backends(spec, imports=()):
         except Exception as e:
             if dist.get_rank() == 0:
                 print(f"# braid not measured: torch_braid did not import: {e!r}", file=sys.stderr)
-        if torch.cuda.is_available():
+        if torch.cuda.is_available() and "cuda" in devices:
             names.append("nccl")
     else:
         names = [s.strip() for s in spec.split(",") if s.strip()]
     backends, seen = [], {}
     for s in names:
         b = Backend(s, s)
+        if b.device.split(":")[0] not in devices:
+            raise BenchFailure(f"backend {s!r} works on {b.device} tensors; this benchmark "
+                               f"uses {', '.join(devices)} tensors")
         ensure_backend(b.name)
         seen[s] = seen.get(s, 0) + 1
         b.label = s if seen[s] == 1 else f"{s}#{seen[s]}"

@@ -648,7 +648,7 @@ def worker(args):
 
     info = bc.init_worker(timeout_s=args.timeout, threads=1)
     try:
-        backends = bc.resolve_backends(args.backends)
+        backends = bc.resolve_backends(args.backends, devices=("cpu",))
         runner = Runner(args, info, backends)
         env = {k: v for k, v in os.environ.items() if k.startswith("BRAID_")}
         cores = len(os.sched_getaffinity(0))

@@ -204,7 +204,7 @@ def worker(args):
 
     torch, dist = _torch, _dist
     try:
-        backends = bc.resolve_backends(args.backends)
+        backends = bc.resolve_backends(args.backends, devices=("cpu",))
     except bc.BenchFailure as e:
         if info.rank == 0:
             print(f"bench: {e}", file=sys.stderr)
