@@ -13,7 +13,7 @@ namespace collectives {
 // Traffic per rank: n pieces in, n pieces read, one written. gloo instead
 // emulates this with a full allreduce (twice the traffic).
 void reduceScatter(Communicator& c, const OpDesc& op, const void* const* ins, void* out) {
-  if (c.useDirect(op.kind, op.bytes())) return reduceScatterDirect(c, op, ins, out);
+  if (c.plan(op.kind, op.bytes()) == Algo::kDirect) return reduceScatterDirect(c, op, ins, out);
   c.beginOp(op);
   const int n = c.size();
   const int me = c.rank();
@@ -31,7 +31,7 @@ void reduceScatter(Communicator& c, const OpDesc& op, const void* const* ins, vo
                   static_cast<const uint8_t*>(ins[r]) + done * es, ck * es);
     }
     if (first) {
-      c.writeHeader(op, s);
+      c.writeHeader(op, s, Algo::kShm);
       c.exchange(op, s);
     } else {
       c.publish(s);
@@ -67,7 +67,7 @@ void alltoall(Communicator& c, const OpDesc& op, const void* const* ins, void* c
       if (len) std::memcpy(c.slot(me, s) + j * piece, static_cast<const uint8_t*>(ins[j]) + off, len);
     }
     if (k == 0) {
-      c.writeHeader(op, s);
+      c.writeHeader(op, s, Algo::kShm);
       c.exchange(op, s);
       uint64_t maxBytes = c.maxAnnouncedBytes(s);
       steps = std::max<uint64_t>(1, (maxBytes + piece - 1) / piece);

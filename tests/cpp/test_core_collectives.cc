@@ -212,9 +212,13 @@ TEST(Errors, DifferentChunkSettingsAreNamed) {
       errors[r] = e.what();
     }
   });
-  EXPECT_NE(errors[0].find("rank 1 runs this op with 2048-byte chunks"), std::string::npos)
+  EXPECT_NE(errors[0].find("rank 1 runs with BRAID_CHUNK_BYTES=2048 (2048-byte chunks), this "
+                           "rank with BRAID_CHUNK_BYTES=1024 (1024-byte chunks)"),
+            std::string::npos)
       << errors[0];
-  EXPECT_NE(errors[1].find("this rank with 2048-byte chunks"), std::string::npos) << errors[1];
+  EXPECT_NE(errors[1].find("this rank with BRAID_CHUNK_BYTES=2048 (2048-byte chunks)"),
+            std::string::npos)
+      << errors[1];
 }
 
 TEST(Errors, UnknownDirectOpIsNamed) {
