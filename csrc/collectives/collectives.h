@@ -61,7 +61,9 @@ void allgatherDirect(Communicator& c, const OpDesc& op, const void* in, void* co
                      bool everyone);
 void scatterDirect(Communicator& c, const OpDesc& op, const void* const* ins, void* out);
 void reduceScatterDirect(Communicator& c, const OpDesc& op, const void* const* ins, void* out);
-void alltoallDirect(Communicator& c, const OpDesc& op, const void* const* ins, void* const* outs);
+// alltoall's direct path after its header step s0 (Note [Alltoall's path]).
+void alltoallDirect(Communicator& c, const OpDesc& op, uint64_t s0, const void* const* ins,
+                    void* const* outs);
 
 // The op's header step alone, for a rank that failed its argument checks:
 // tells the peers, then throws op.localError. See Note [Op headers].

@@ -88,13 +88,10 @@ void reduceScatterDirect(Communicator& c, const OpDesc& op0, const void* const* 
   finishDirect(c, true);
 }
 
-void alltoallDirect(Communicator& c, const OpDesc& op0, const void* const* ins,
+void alltoallDirect(Communicator& c, const OpDesc& op, uint64_t s0, const void* const* ins,
                     void* const* outs) {
-  OpDesc op = op0;
   const int n = c.size();
   const int me = c.rank();
-  op.peerAddrs = addressesOf(ins, n);
-  uint64_t s0 = c.headerStep(op, Algo::kDirect);  // also checks that the size matrix is consistent
   for (int r = 0; r < n; ++r) {
     if (r == me) {
       if (op.recvBytes[r]) std::memcpy(outs[r], ins[r], op.recvBytes[r]);

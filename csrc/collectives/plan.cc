@@ -18,9 +18,9 @@ BRAID_SETTING_INT(kReduceOneShotMax, "BRAID_REDUCE_ONESHOT_MAX", 64 << 10,
                   "Largest reduce (bytes) that the root combines alone in one step; larger "
                   "ones share the work as reduce-scatter + gather. Must be equal on every rank.");
 BRAID_SETTING_INT(kDirectMin, "BRAID_DIRECT_MIN_BYTES", 256 << 10,
-                  "Smallest op (bytes per rank) that reads peers' memory directly instead of "
-                  "copying through shared memory; needs direct reads (BRAID_SHM_CMA). Must be "
-                  "equal on every rank.");
+                  "Smallest op (bytes per rank; alltoall: the largest block one rank sends to "
+                  "another) that reads peers' memory directly instead of copying through shared "
+                  "memory; needs direct reads (BRAID_SHM_CMA). Must be equal on every rank.");
 BRAID_SETTING_STRING(kDirectOps, "BRAID_DIRECT_OPS",
                      "allgather,gather,scatter,reduce_scatter,alltoall",
                      "Ops that may read peers' memory directly (comma list of allreduce, "
@@ -119,6 +119,7 @@ const char* algoName(Algo a) {
     case Algo::kOneShot: return "one-shot";
     case Algo::kShm: return "pipelined shared-memory";
     case Algo::kDirect: return "direct-read";
+    case Algo::kBySizes: return "size-chosen";
   }
   return "unknown algorithm";
 }
@@ -146,6 +147,7 @@ bool hasDirectPath(OpKind kind) {
 bool stepsUseChunks(OpKind kind, Algo a) {
   switch (a) {
     case Algo::kShm:
+    case Algo::kBySizes:  // the first step already holds the shm path's first pieces
       return true;
     case Algo::kDirect:  // the others read whole blocks in one step
       return kind == OpKind::kAllreduce;

@@ -88,10 +88,13 @@ enum class Algo : uint32_t {
   kOneShot,         // allreduce, reduce: one step, every input whole in a slot
   kShm,             // pipelined through shared-memory slots in chunks
   kDirect,          // peers' buffers read directly (Note [Direct transfers])
+  kBySizes,         // alltoall: kShm or kDirect, from the sizes in the headers
 };
 const char* algoName(Algo a);
 
-// The algorithm for `kind` with `bytes` per rank.
+// The algorithm for `kind` with `bytes` per rank (alltoall: the largest block
+// any rank sends to one peer). Monotone in bytes for direct reads: if it picks
+// kDirect for b bytes it does for more.
 Algo plan(OpKind kind, size_t bytes, const CollectiveConfig& cfg, const GroupLimits& g);
 
 // The one-shot threshold setting of `kind` (nullptr: none) and its value.

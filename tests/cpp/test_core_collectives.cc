@@ -128,8 +128,9 @@ INSTANTIATE_TEST_SUITE_P(Core, Sizes,
 
 class Alltoall : public ::testing::TestWithParam<bool> {};
 
+// Direct: alltoall reads every block directly (BRAID_DIRECT_MIN_BYTES=0).
 TEST_P(Alltoall, UnevenSplits) {
-  if (!GetParam()) setenv("BRAID_SHM_CMA", "0", 1);
+  setenv(GetParam() ? "BRAID_DIRECT_MIN_BYTES" : "BRAID_SHM_CMA", "0", 1);
   for (int n : {1, 2, 3, 5}) {
     Group g(n, 4096);
     runRanks(n, [&](int r) {
@@ -155,6 +156,7 @@ TEST_P(Alltoall, UnevenSplits) {
     });
   }
   unsetenv("BRAID_SHM_CMA");
+  unsetenv("BRAID_DIRECT_MIN_BYTES");
 }
 
 INSTANTIATE_TEST_SUITE_P(DirectAndShm, Alltoall, ::testing::Values(true, false));
