@@ -20,8 +20,10 @@
 //   both values pick the same path for this op's size, so a mismatch fails
 //   the first op of its kind rather than a later, larger one; while ranks
 //   that differ only in, say, BRAID_REDUCE_ONESHOT_MAX still run allreduce;
-// - BRAID_SHM_CMA only lowers what the group can do, and the ranks agree on
-//   the result when the window is created (direct reads only where every
+// - what fixes the window's layout (BRAID_SHM_SLOT_BYTES, BRAID_SHM_P2P_BYTES)
+//   is compared once, when the window is created, and a difference fails the
+//   group's creation on every rank; BRAID_SHM_CMA only lowers what the group
+//   can do, and the ranks agree on the result (direct reads only where every
 //   rank may read every other's memory).
 // BRAID_HOST_ID_OVERRIDE is exchanged when the group is created anyway (Note
 // [Same-host membership]). Settings that change only timing need not agree:
