@@ -20,7 +20,6 @@ namespace {
 using collectives::Communicator;
 using collectives::OpDesc;
 using collectives::OpKind;
-using testing::MemoryStore;
 using testing::desc;
 using testing::Group;
 using testing::GroupOptions;
@@ -179,44 +178,6 @@ TEST(Errors, ShapeMismatchIsSeenByEveryRankAndTheGroupRecovers) {
       << errors[0];
   EXPECT_NE(errors[1].find("rank 0 passed shape [4]"), std::string::npos) << errors[1];
   EXPECT_FALSE(errors[2].empty());
-}
-
-// Ranks started with different chunk settings would split an op differently;
-// the header carries the setting, so every rank fails the op with both values
-// instead of exchanging misaligned data.
-TEST(Errors, DifferentChunkSettingsAreNamed) {
-  MemoryStore store;
-  std::vector<std::unique_ptr<transport::shm::ShmWindow>> windows(2);
-  runRanks(2, [&](int r) {
-    transport::shm::WindowOptions o;
-    o.slotBytes = 4096;
-    o.channelBytes = 4096;
-    o.timeout = std::chrono::seconds(20);
-    windows[r] = transport::shm::ShmWindow::create(store, r, 2, o);
-  });
-  std::vector<std::unique_ptr<Communicator>> comms(2);
-  setenv("BRAID_CHUNK_BYTES", "1024", 1);
-  comms[0] = std::make_unique<Communicator>(std::move(windows[0]));
-  setenv("BRAID_CHUNK_BYTES", "2048", 1);
-  comms[1] = std::make_unique<Communicator>(std::move(windows[1]));
-  unsetenv("BRAID_CHUNK_BYTES");
-  std::vector<std::string> errors(2);
-  runRanks(2, [&](int r) {
-    std::vector<float> buf(5000, 1.f);
-    try {
-      collectives::allreduce(*comms[r], desc(OpKind::kAllreduce, buf.size()), buf.data(),
-                             buf.data());
-    } catch (const Error& e) {
-      errors[r] = e.what();
-    }
-  });
-  EXPECT_NE(errors[0].find("rank 1 runs with BRAID_CHUNK_BYTES=2048 (2048-byte chunks), this "
-                           "rank with BRAID_CHUNK_BYTES=1024 (1024-byte chunks)"),
-            std::string::npos)
-      << errors[0];
-  EXPECT_NE(errors[1].find("this rank with BRAID_CHUNK_BYTES=2048 (2048-byte chunks)"),
-            std::string::npos)
-      << errors[1];
 }
 
 TEST(Errors, UnknownDirectOpIsNamed) {
