@@ -19,14 +19,16 @@ namespace transport {
 namespace shm {
 
 BRAID_SETTING_INT(kSlotBytes, "BRAID_SHM_SLOT_BYTES", 1 << 20,
-                  "Data bytes per shared-memory slot: the chunk size of pipelined collectives.");
+                  "Data bytes per shared-memory slot: the largest chunk of pipelined collectives "
+                  "and one-shot op. Must be equal on every rank.");
 BRAID_SETTING_BOOL(kUseCma, "BRAID_SHM_CMA", true,
                    "Let large transfers read peers' memory directly (process_vm_readv) when "
                    "the OS permits it; 0 keeps every transfer in shared memory.");
 BRAID_SETTING_INT(kSpinUs, "BRAID_SHM_SPIN_US", 20,
                   "Microseconds a waiting rank spins before it sleeps on a futex.");
 BRAID_SETTING_INT(kChannelBytes, "BRAID_SHM_P2P_BYTES", 256 << 10,
-                  "Bytes of each point-to-point ring (one per ordered pair of ranks).");
+                  "Bytes of each point-to-point ring (one per ordered pair of ranks). Must be "
+                  "equal on every rank.");
 
 namespace {
 constexpr uint64_t kMagic = 0x62726169642d7731ULL;  // "braid-w1"
