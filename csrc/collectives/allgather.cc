@@ -12,7 +12,9 @@ namespace {
 // all ranks copy every block out (allgather) or the root alone (gather).
 void gatherImpl(Communicator& c, const OpDesc& op, const void* in, void* const* outs,
                 bool everyone) {
-  if (c.useDirect(op.kind, op.bytes())) return allgatherDirect(c, op, in, outs, everyone);
+  if (c.plan(op.kind, op.bytes()) == Algo::kDirect) {
+    return allgatherDirect(c, op, in, outs, everyone);
+  }
   c.beginOp(op);
   const int n = c.size();
   const int me = c.rank();
@@ -25,7 +27,7 @@ void gatherImpl(Communicator& c, const OpDesc& op, const void* in, void* const* 
     uint64_t s = c.nextStep();
     copyBytes(c.slot(me, s), static_cast<const uint8_t*>(in) + done, len);
     if (first) {
-      c.writeHeader(op, s);
+      c.writeHeader(op, s, Algo::kShm);
       c.exchange(op, s);
     } else {
       c.publish(s);
@@ -53,7 +55,7 @@ void gather(Communicator& c, const OpDesc& op, const void* in, void* const* outs
 
 // The root writes one piece per rank into its slot; each rank copies its own.
 void scatter(Communicator& c, const OpDesc& op, const void* const* ins, void* out) {
-  if (c.useDirect(op.kind, op.bytes())) return scatterDirect(c, op, ins, out);
+  if (c.plan(op.kind, op.bytes()) == Algo::kDirect) return scatterDirect(c, op, ins, out);
   c.beginOp(op);
   const int n = c.size();
   const int me = c.rank();
@@ -71,7 +73,7 @@ void scatter(Communicator& c, const OpDesc& op, const void* const* ins, void* ou
       }
     }
     if (first) {
-      c.writeHeader(op, s);
+      c.writeHeader(op, s, Algo::kShm);
       c.exchange(op, s);
     } else {
       c.publish(s);

@@ -2,24 +2,16 @@
 #include <vector>
 
 #include "collectives/collectives.h"
-#include "common/settings.h"
 #include "collectives/reduce_share.h"
 
 namespace braid {
 namespace collectives {
 
-BRAID_SETTING_INT(kOneShotMax, "BRAID_ALLREDUCE_ONESHOT_MAX", 64 << 10,
-                  "Largest allreduce (bytes) done in one step, each rank reducing all inputs; "
-                  "larger ones use reduce-scatter + allgather.");
-
 void allreduce(Communicator& c, const OpDesc& op, const void* in, void* out) {
-  const size_t oneShotMax = static_cast<size_t>(kOneShotMax.get());
-  if (op.bytes() > oneShotMax && c.useDirect(op.kind, op.bytes())) {
-    allreduceDirect(c, op, in, out);
-  } else if (op.bytes() <= oneShotMax && op.bytes() <= c.slotBytes()) {
-    allreduceOneShot(c, op, in, out);
-  } else {
-    allreduceRsAg(c, op, in, out);
+  switch (c.plan(op.kind, op.bytes())) {
+    case Algo::kDirect: return allreduceDirect(c, op, in, out);
+    case Algo::kOneShot: return allreduceOneShot(c, op, in, out);
+    default: return allreduceRsAg(c, op, in, out);
   }
 }
 
@@ -30,7 +22,7 @@ void allreduceOneShot(Communicator& c, const OpDesc& op, const void* in, void* o
   c.beginOp(op);
   const int n = c.size();
   uint64_t s = c.nextStep();
-  c.writeHeader(op, s);
+  c.writeHeader(op, s, Algo::kOneShot);
   copyBytes(c.slot(c.rank(), s), in, op.bytes());
   c.exchange(op, s);
   if (op.count == 0) return;
@@ -63,7 +55,7 @@ void allreduceRsAg(Communicator& c, const OpDesc& op, const void* in, void* out)
     auto* inChunk = static_cast<const uint8_t*>(in) + done * es;
     auto* outChunk = static_cast<uint8_t*>(out) + done * es;
     uint64_t sa = c.nextStep();
-    if (first) c.writeHeader(op, sa);
+    if (first) c.writeHeader(op, sa, Algo::kShm);
     size_t b, e;
     for (int r = 0; r < n; ++r) {
       partition(ck, n, r, align, &b, &e);

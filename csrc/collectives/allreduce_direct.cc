@@ -22,7 +22,7 @@ void allreduceDirect(Communicator& c, const OpDesc& op0, const void* in, void* o
   const size_t es = elementSize(op.dtype);
   const size_t align = 64 / es ? 64 / es : 1;
   const size_t chunkElems = c.chunkBytes() / es;
-  uint64_t s0 = c.headerStep(op);
+  uint64_t s0 = c.headerStep(op, Algo::kDirect);
   std::vector<uint64_t> ins(n), outs(n);
   for (int r = 0; r < n; ++r) {
     ins[r] = c.inAddr(r, s0);
@@ -71,7 +71,7 @@ void broadcastDirect(Communicator& c, const OpDesc& op0, void* buf) {
   OpDesc op = op0;
   op.inAddr = reinterpret_cast<uint64_t>(buf);
   const bool root = c.rank() == op.root;
-  uint64_t s0 = c.headerStep(op);
+  uint64_t s0 = c.headerStep(op, Algo::kDirect);
   if (!root) c.readPeer(op.root, c.inAddr(op.root, s0), buf, op.bytes());
   uint64_t s = c.nextStep();
   c.publish(s);

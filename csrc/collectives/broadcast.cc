@@ -10,7 +10,7 @@ namespace collectives {
 // out as soon as it is published. With two slots the root runs one chunk
 // ahead of the slowest reader (Note [Step protocol]).
 void broadcast(Communicator& c, const OpDesc& op, void* buf) {
-  if (c.useDirect(op.kind, op.bytes())) return broadcastDirect(c, op, buf);
+  if (c.plan(op.kind, op.bytes()) == Algo::kDirect) return broadcastDirect(c, op, buf);
   c.beginOp(op);
   const bool root = c.rank() == op.root;
   const size_t total = op.bytes();
@@ -23,7 +23,7 @@ void broadcast(Communicator& c, const OpDesc& op, void* buf) {
     uint64_t s = c.nextStep();
     if (root) copyBytes(c.slot(c.rank(), s), p + done, len);
     if (first) {
-      c.writeHeader(op, s);
+      c.writeHeader(op, s, Algo::kShm);
       c.exchange(op, s);
     } else {
       c.publish(s);
@@ -35,10 +35,10 @@ void broadcast(Communicator& c, const OpDesc& op, void* buf) {
   }
 }
 
-void barrier(Communicator& c, const OpDesc& op) { c.headerStep(op); }
+void barrier(Communicator& c, const OpDesc& op) { c.headerStep(op, Algo::kHeaderOnly); }
 
 void failOp(Communicator& c, const OpDesc& op) {
-  c.headerStep(op);  // throws op.localError once the peers have seen it
+  c.headerStep(op, Algo::kHeaderOnly);  // throws op.localError once the peers have seen it
 }
 
 }  // namespace collectives

@@ -12,8 +12,8 @@
 namespace braid {
 namespace collectives {
 
-// out[i] = op over ranks of in[i]; in == out allowed. Picks one-shot or
-// reduce-scatter + allgather by size (BRAID_ALLREDUCE_ONESHOT_MAX).
+// out[i] = op over ranks of in[i]; in == out allowed. Picks one-shot,
+// reduce-scatter + allgather or direct reads with plan() (plan.h).
 void allreduce(Communicator& c, const OpDesc& op, const void* in, void* out);
 void allreduceOneShot(Communicator& c, const OpDesc& op, const void* in, void* out);
 void allreduceRsAg(Communicator& c, const OpDesc& op, const void* in, void* out);
@@ -22,7 +22,10 @@ void allreduceRsAg(Communicator& c, const OpDesc& op, const void* in, void* out)
 void broadcast(Communicator& c, const OpDesc& op, void* buf);
 
 // out (root only) = op over ranks of in; in == out allowed on the root.
+// One-shot or reduce-scatter + gather, by plan() (plan.h).
 void reduce(Communicator& c, const OpDesc& op, const void* in, void* out);
+void reduceOneShot(Communicator& c, const OpDesc& op, const void* in, void* out);
+void reducePipelined(Communicator& c, const OpDesc& op, const void* in, void* out);
 
 // outs[r] receives rank r's in; op.count elements each.
 void allgather(Communicator& c, const OpDesc& op, const void* in, void* const* outs);
@@ -44,7 +47,8 @@ void barrier(Communicator& c, const OpDesc& op);
 // Note [Direct transfers]
 // Where the OS lets the ranks of a group read each other's memory
 // (process_vm_readv: same user, no ptrace restrictions; probed when the group
-// is created), ops of BRAID_DIRECT_MIN_BYTES and more skip shared memory:
+// is created), ops of BRAID_DIRECT_MIN_BYTES and more named in
+// BRAID_DIRECT_OPS skip shared memory (plan() in plan.h decides):
 // the header step publishes each rank's buffer addresses, and each rank then
 // copies what it needs straight from its peers' buffers, once, instead of
 // twice through a slot. Reductions read a peer's share into a cache-sized
@@ -57,7 +61,9 @@ void allgatherDirect(Communicator& c, const OpDesc& op, const void* in, void* co
                      bool everyone);
 void scatterDirect(Communicator& c, const OpDesc& op, const void* const* ins, void* out);
 void reduceScatterDirect(Communicator& c, const OpDesc& op, const void* const* ins, void* out);
-void alltoallDirect(Communicator& c, const OpDesc& op, const void* const* ins, void* const* outs);
+// alltoall's direct path after its header step s0 (Note [Alltoall's path]).
+void alltoallDirect(Communicator& c, const OpDesc& op, uint64_t s0, const void* const* ins,
+                    void* const* outs);
 
 // The op's header step alone, for a rank that failed its argument checks:
 // tells the peers, then throws op.localError. See Note [Op headers].

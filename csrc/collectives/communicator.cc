@@ -5,9 +5,9 @@
 #include <algorithm>
 #include <cstring>
 #include <sstream>
+#include <string>
 
 #include "common/error.h"
-#include "common/settings.h"
 
 namespace braid {
 namespace collectives {
@@ -26,18 +26,8 @@ namespace collectives {
 //   48 ms) and lose for allreduce (at 2 ranks 18.5 ms against 15.3 ms at
 //   64 MiB; at 4 ranks 60 ms against 49 ms), broadcast and reduce, whose shm
 //   paths already move each byte once per peer, in cache-sized chunks.
-// Chunk size and the direct choice shape the steps of an op, so they travel
-// in every op header and are compared like the shape (Note [Op headers]).
-BRAID_SETTING_INT(kDirectMin, "BRAID_DIRECT_MIN_BYTES", 256 << 10,
-                  "Smallest op (bytes per rank) that reads peers' memory directly instead of "
-                  "copying through shared memory; needs direct reads (BRAID_SHM_CMA).");
-BRAID_SETTING_STRING(kDirectOps, "BRAID_DIRECT_OPS",
-                     "allgather,gather,scatter,reduce_scatter,alltoall",
-                     "Ops that may read peers' memory directly (comma list of allreduce, "
-                     "broadcast, reduce, allgather, gather, scatter, reduce_scatter, alltoall).");
-BRAID_SETTING_INT(kChunkBytes, "BRAID_CHUNK_BYTES", 0,
-                  "Chunk size (bytes) of pipelined collectives, at most BRAID_SHM_SLOT_BYTES; "
-                  "0 = 256 KiB when every rank has a core, else the slot size.");
+// Both settings are read once per group (CollectiveConfig, plan.cc) and
+// compared in the op headers (Note [Settings that shape an op]).
 
 namespace {
 
@@ -46,35 +36,7 @@ constexpr size_t kMessageBytes = 256;
 constexpr size_t kMetaOffset = 512;  // alltoall sizes follow the header
 constexpr size_t kAutoChunkBytes = 256 << 10;
 
-uint32_t parseDirectOps(const std::string& list, int rank) {
-  uint32_t mask = 0;
-  std::stringstream ss(list);
-  std::string item;
-  while (std::getline(ss, item, ',')) {
-    item.erase(0, item.find_first_not_of(" \t"));
-    item.erase(item.find_last_not_of(" \t") + 1);
-    if (item.empty()) continue;
-    bool found = false;
-    std::string known;
-    for (uint32_t k = static_cast<uint32_t>(OpKind::kAllreduce);
-         k <= static_cast<uint32_t>(OpKind::kAlltoall); ++k) {
-      const char* name = opName(static_cast<OpKind>(k));
-      known += known.empty() ? name : std::string(", ") + name;
-      if (item == name) {
-        mask |= 1u << k;
-        found = true;
-      }
-    }
-    BRAID_ENFORCE(found, "init", rank, "BRAID_DIRECT_OPS names an unknown op '", item,
-                  "' (known: ", known, ")");
-  }
-  return mask;
-}
-
-size_t chooseChunkBytes(size_t slotBytes, int size, int rank) {
-  int64_t set = kChunkBytes.get();
-  BRAID_ENFORCE(set >= 0 && set % 64 == 0, "init", rank,
-                "BRAID_CHUNK_BYTES must be 0 or a positive multiple of 64, got ", set);
+size_t chooseChunkBytes(uint64_t set, size_t slotBytes, int size) {
   size_t chunk = static_cast<size_t>(set);
   if (chunk == 0) {
     // The same on every rank of a host, so the ranks agree without talking.
@@ -97,9 +59,14 @@ struct WireHeader {
   uint64_t maxSendBytes;
   uint64_t inAddr;
   uint64_t outAddr;
-  uint64_t chunkBytes;  // Note [Chunk size and direct reads]
-  uint32_t direct;
-  uint32_t pad;
+  // Note [Settings that shape an op]: the path taken and the settings that
+  // chose it or shape its steps.
+  uint32_t algo;
+  uint32_t directOps;     // BRAID_DIRECT_OPS, bit per OpKind
+  uint64_t oneShotMax;    // the op kind's one-shot threshold, 0 for kinds without one
+  uint64_t directMin;     // BRAID_DIRECT_MIN_BYTES
+  uint64_t chunkSetting;  // BRAID_CHUNK_BYTES as set (0: automatic)
+  uint64_t chunkBytes;    // the chunk size in use (Note [Chunk size and direct reads])
   Shape shape;
   char message[kMessageBytes];
 };
@@ -109,22 +76,49 @@ const WireHeader* headerAt(transport::Window& w, int rank, uint64_t step) {
   return reinterpret_cast<const WireHeader*>(w.control(rank, step));
 }
 
-}  // namespace
-
-const char* opName(OpKind k) {
-  switch (k) {
-    case OpKind::kAllreduce: return "allreduce";
-    case OpKind::kBroadcast: return "broadcast";
-    case OpKind::kReduce: return "reduce";
-    case OpKind::kAllgather: return "allgather";
-    case OpKind::kGather: return "gather";
-    case OpKind::kScatter: return "scatter";
-    case OpKind::kReduceScatter: return "reduce_scatter";
-    case OpKind::kAlltoall: return "alltoall";
-    case OpKind::kBarrier: return "barrier";
-  }
-  return "unknown op";
+[[noreturn]] void settingDiffers(const char* op, int rank, int peer, const char* setting,
+                                 const std::string& theirs, const std::string& ours) {
+  BRAID_THROW(Error, op, rank, "rank ", peer, " runs with ", setting, "=", theirs,
+              ", this rank with ", setting, "=", ours,
+              " (settings that shape an op must be equal on every rank)");
 }
+
+// Note [Settings that shape an op]: the settings that choose the path first,
+// so that the error names the one that differs; then the path they chose,
+// and the chunk size where the path's steps depend on it.
+void checkSettings(const char* op, int rank, int peer, OpKind kind, const WireHeader& theirs,
+                   const WireHeader& mine) {
+  if (const char* setting = oneShotSetting(kind)) {
+    if (theirs.oneShotMax != mine.oneShotMax) {
+      settingDiffers(op, rank, peer, setting, std::to_string(theirs.oneShotMax),
+                     std::to_string(mine.oneShotMax));
+    }
+  }
+  if (hasDirectPath(kind)) {
+    const bool allowed = mine.directOps & opBit(kind);
+    if (allowed != bool(theirs.directOps & opBit(kind))) {
+      settingDiffers(op, rank, peer, "BRAID_DIRECT_OPS", directOpsList(theirs.directOps),
+                     directOpsList(mine.directOps));
+    }
+    if (allowed && theirs.directMin != mine.directMin) {
+      settingDiffers(op, rank, peer, "BRAID_DIRECT_MIN_BYTES", std::to_string(theirs.directMin),
+                     std::to_string(mine.directMin));
+    }
+  }
+  const auto algo = static_cast<Algo>(mine.algo);
+  if (theirs.algo != mine.algo) {
+    BRAID_THROW(Error, op, rank, "rank ", peer, " takes the ",
+                algoName(static_cast<Algo>(theirs.algo)), " path, this rank the ",
+                algoName(algo), " path");
+  }
+  if (stepsUseChunks(kind, algo) && theirs.chunkBytes != mine.chunkBytes) {
+    settingDiffers(op, rank, peer, "BRAID_CHUNK_BYTES",
+                   strCat(theirs.chunkSetting, " (", theirs.chunkBytes, "-byte chunks)"),
+                   strCat(mine.chunkSetting, " (", mine.chunkBytes, "-byte chunks)"));
+  }
+}
+
+}  // namespace
 
 std::string Shape::str() const {
   std::ostringstream os;
@@ -143,18 +137,15 @@ bool Shape::operator==(const Shape& o) const {
   return true;
 }
 
-Communicator::Communicator(std::unique_ptr<transport::Window> window)
+Communicator::Communicator(std::unique_ptr<transport::Window> window,
+                           std::optional<CollectiveConfig> cfg)
     : window_(std::move(window)),
       rank_(window_->rank()),
       size_(window_->size()),
       scratch_(2 * window_->slotBytes()),
-      directMin_(static_cast<size_t>(kDirectMin.get())),
-      directOps_(parseDirectOps(kDirectOps.get(), rank_)),
-      chunkBytes_(chooseChunkBytes(window_->slotBytes(), size_, rank_)) {}
-
-bool Communicator::useDirect(OpKind kind, size_t bytes) const {
-  return window_->canReadPeers() && bytes >= directMin_ &&
-         (directOps_ & (1u << static_cast<uint32_t>(kind)));
+      cfg_(cfg ? *cfg : CollectiveConfig::fromEnv(rank_)),
+      chunkBytes_(chooseChunkBytes(cfg_.chunkBytes, window_->slotBytes(), size_)) {
+  cfg_.check(rank_);
 }
 
 uint64_t Communicator::inAddr(int rank, uint64_t step) { return headerAt(*window_, rank, step)->inAddr; }
@@ -178,10 +169,10 @@ void Communicator::beginOp(const OpDesc& op) {
   }
 }
 
-uint64_t Communicator::headerStep(const OpDesc& op) {
+uint64_t Communicator::headerStep(const OpDesc& op, Algo algo) {
   beginOp(op);
   uint64_t s = nextStep();
-  writeHeader(op, s);
+  writeHeader(op, s, algo);
   exchange(op, s);
   return s;
 }
@@ -193,7 +184,7 @@ uint64_t Communicator::nextStep() {
   return s;
 }
 
-void Communicator::writeHeader(const OpDesc& op, uint64_t step) {
+void Communicator::writeHeader(const OpDesc& op, uint64_t step, Algo algo) {
   auto* h = reinterpret_cast<WireHeader*>(window_->control(rank_, step));
   h->magic = kHeaderMagic;
   h->kind = static_cast<uint32_t>(op.kind);
@@ -203,8 +194,12 @@ void Communicator::writeHeader(const OpDesc& op, uint64_t step) {
   h->root = op.root;
   h->count = op.count;
   h->shape = op.shape;
+  h->algo = static_cast<uint32_t>(algo);
+  h->directOps = cfg_.directOps;
+  h->oneShotMax = oneShotMax(op.kind, cfg_);
+  h->directMin = cfg_.directMinBytes;
+  h->chunkSetting = cfg_.chunkBytes;
   h->chunkBytes = chunkBytes_;
-  h->direct = useDirect(op.kind, op.bytes()) ? 1 : 0;
   h->failed = op.localError.empty() ? 0 : 1;
   size_t n = std::min(op.localError.size(), kMessageBytes - 1);
   std::memcpy(h->message, op.localError.data(), n);
@@ -273,15 +268,6 @@ void Communicator::checkPeer(const OpDesc& op, int peer, uint64_t step) {
                 toString(peerType), "), this rank shape ", op.shape.str(), " (",
                 toString(op.dtype), ")");
   }
-  // Compared with what this rank wrote into its own header for this step.
-  const WireHeader* mine = headerAt(*window_, rank_, step);
-  if (h->chunkBytes != mine->chunkBytes || h->direct != mine->direct) {
-    BRAID_THROW(Error, me, rank_, "rank ", peer, " runs this op with ", h->chunkBytes,
-                "-byte chunks and direct reads ", h->direct ? "on" : "off", ", this rank with ",
-                mine->chunkBytes, "-byte chunks and direct reads ", mine->direct ? "on" : "off",
-                " (BRAID_CHUNK_BYTES, BRAID_SHM_SLOT_BYTES, BRAID_DIRECT_OPS and "
-                "BRAID_DIRECT_MIN_BYTES must be equal on every rank)");
-  }
   if (h->root != op.root) {
     BRAID_THROW(Error, me, rank_, "rank ", peer, " passed root ", h->root, ", this rank root ",
                 op.root);
@@ -290,6 +276,8 @@ void Communicator::checkPeer(const OpDesc& op, int peer, uint64_t step) {
     BRAID_THROW(Error, me, rank_, "rank ", peer, " passed reduce op ",
                 toString(static_cast<ReduceOp>(h->redop)), ", this rank ", toString(op.redop));
   }
+  // Compared with what this rank wrote into its own header for this step.
+  checkSettings(me, rank_, peer, op.kind, *h, *headerAt(*window_, rank_, step));
 }
 
 uint64_t Communicator::maxAnnouncedBytes(uint64_t step) {

@@ -3,7 +3,9 @@
 //
 // Note [Op headers]
 // The first step of every op carries a header: the op's kind, dtype, reduce
-// op, root, shape and number. Every rank waits for every peer in that step
+// op, root, shape and number, and the path it takes with the settings that
+// chose that path or shape its steps (Note [Settings that shape an op] in
+// plan.h). Every rank waits for every peer in that step
 // and compares each peer's header with its own, so a mismatch (different
 // shapes, dtypes, ops, roots, a different op at the same point, or a rank
 // that failed its argument checks and sent a poison header) is seen by every
@@ -16,27 +18,16 @@
 #include <cstdint>
 #include <cstring>
 #include <memory>
+#include <optional>
 #include <string>
 #include <vector>
 
+#include "collectives/plan.h"
 #include "common/types.h"
 #include "transport/window.h"
 
 namespace braid {
 namespace collectives {
-
-enum class OpKind : uint32_t {
-  kAllreduce = 1,
-  kBroadcast,
-  kReduce,
-  kAllgather,
-  kGather,
-  kScatter,
-  kReduceScatter,
-  kAlltoall,
-  kBarrier,
-};
-const char* opName(OpKind k);
 
 constexpr int kMaxDims = 8;
 
@@ -77,13 +68,22 @@ struct OpDesc {
 
 class Communicator {
  public:
-  explicit Communicator(std::unique_ptr<transport::Window> window);
+  // cfg: the group's settings; by default read from the environment, now
+  // (Note [Settings that shape an op]). Throws on invalid values.
+  explicit Communicator(std::unique_ptr<transport::Window> window,
+                        std::optional<CollectiveConfig> cfg = std::nullopt);
   ~Communicator();
 
   int rank() const { return rank_; }
   int size() const { return size_; }
   transport::Window& window() { return *window_; }
   uint64_t opCount() const { return opSeq_; }
+  const CollectiveConfig& config() const { return cfg_; }
+  GroupLimits limits() const { return {window_->slotBytes(), window_->canReadPeers()}; }
+  // The algorithm for `kind` with `bytes` per rank: see plan() in plan.h.
+  Algo plan(OpKind kind, size_t bytes) const {
+    return collectives::plan(kind, bytes, cfg_, limits());
+  }
 
   // ---- scaffolding for the algorithm files --------------------------------
   // Starts an op: numbers it and sets the context used in error messages.
@@ -97,11 +97,12 @@ class Communicator {
   size_t chunkBytes() const { return chunkBytes_; }
   // First step of an op: write the header (before or after the data), then
   // exchange() publishes, waits for all and checks. Throws on any mismatch.
-  void writeHeader(const OpDesc& op, uint64_t step);
+  // `algo` is the path this rank takes (Note [Settings that shape an op]).
+  void writeHeader(const OpDesc& op, uint64_t step, Algo algo);
   void exchange(const OpDesc& op, uint64_t step);
   // An op whose first step carries the header alone: beginOp, then the
   // header step (write, exchange, check). Returns that step's number.
-  uint64_t headerStep(const OpDesc& op);
+  uint64_t headerStep(const OpDesc& op, Algo algo);
   void publish(uint64_t step) { window_->publish(step); }
   void waitAll(uint64_t step) { window_->waitAll(step, ctx_); }
   void wait(int peer, uint64_t step) { window_->wait(peer, step, ctx_); }
@@ -112,9 +113,6 @@ class Communicator {
   uint64_t outAddr(int rank, uint64_t step);
   uint64_t peerAddr(int rank, uint64_t step, int which);
 
-  // Whether `kind` with `bytes` per rank moves by direct reads
-  // (Note [Direct transfers], Note [Chunk size and direct reads]).
-  bool useDirect(OpKind kind, size_t bytes) const;
   // Copies from `peer`'s memory, for the current op.
   void readPeer(int peer, uint64_t addr, void* dst, size_t bytes) {
     window_->readPeer(peer, addr, dst, bytes, ctx_);
@@ -138,9 +136,8 @@ class Communicator {
   transport::WaitContext ctx_;
   std::string broken_;
   std::vector<uint8_t> scratch_;
-  size_t directMin_ = 0;
-  uint32_t directOps_ = 0;  // bit per OpKind
-  size_t chunkBytes_ = 0;
+  const CollectiveConfig cfg_;
+  const size_t chunkBytes_;
 };
 
 // Buffer addresses as announced in headers, one per rank.

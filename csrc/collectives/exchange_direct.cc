@@ -27,7 +27,7 @@ void allgatherDirect(Communicator& c, const OpDesc& op0, const void* in, void* c
   const int n = c.size();
   const int me = c.rank();
   const bool collect = everyone || me == op.root;
-  uint64_t s0 = c.headerStep(op);
+  uint64_t s0 = c.headerStep(op, Algo::kDirect);
   if (collect) {
     for (int r = 0; r < n; ++r) {
       if (r == me) {
@@ -49,7 +49,7 @@ void scatterDirect(Communicator& c, const OpDesc& op0, const void* const* ins, v
   if (root) {
     op.peerAddrs = addressesOf(reinterpret_cast<const void* const*>(ins), n);
   }
-  uint64_t s0 = c.headerStep(op);
+  uint64_t s0 = c.headerStep(op, Algo::kDirect);
   if (root) {
     copyBytes(out, ins[me], op.bytes());
   } else {
@@ -63,7 +63,7 @@ void reduceScatterDirect(Communicator& c, const OpDesc& op0, const void* const* 
   const int n = c.size();
   const int me = c.rank();
   op.peerAddrs = addressesOf(ins, n);
-  uint64_t s0 = c.headerStep(op);
+  uint64_t s0 = c.headerStep(op, Algo::kDirect);
   const size_t es = elementSize(op.dtype);
   const size_t chunkElems = std::max<size_t>(1, 2 * c.slotBytes() / es / std::max(1, n - 1));
   std::vector<uint64_t> addrs(n);
@@ -88,13 +88,10 @@ void reduceScatterDirect(Communicator& c, const OpDesc& op0, const void* const* 
   finishDirect(c, true);
 }
 
-void alltoallDirect(Communicator& c, const OpDesc& op0, const void* const* ins,
+void alltoallDirect(Communicator& c, const OpDesc& op, uint64_t s0, const void* const* ins,
                     void* const* outs) {
-  OpDesc op = op0;
   const int n = c.size();
   const int me = c.rank();
-  op.peerAddrs = addressesOf(ins, n);
-  uint64_t s0 = c.headerStep(op);  // also checks that the size matrix is consistent
   for (int r = 0; r < n; ++r) {
     if (r == me) {
       if (op.recvBytes[r]) std::memcpy(outs[r], ins[r], op.recvBytes[r]);

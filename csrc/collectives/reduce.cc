@@ -2,36 +2,40 @@
 #include <vector>
 
 #include "collectives/collectives.h"
-#include "common/settings.h"
 #include "collectives/reduce_share.h"
 
 namespace braid {
 namespace collectives {
 
-BRAID_SETTING_INT(kReduceOneShotMax, "BRAID_REDUCE_ONESHOT_MAX", 64 << 10,
-                  "Largest reduce (bytes) that the root combines alone in one step; larger "
-                  "ones share the work as reduce-scatter + gather.");
-
-// Small: everyone publishes, the root reduces all. Large: as allreduce's
-// Note [Pipelined reduce-scatter + allgather], but only the root gathers.
 void reduce(Communicator& c, const OpDesc& op, const void* in, void* out) {
+  if (c.plan(op.kind, op.bytes()) == Algo::kOneShot) return reduceOneShot(c, op, in, out);
+  reducePipelined(c, op, in, out);
+}
+
+// Everyone publishes its input, the root reduces all.
+void reduceOneShot(Communicator& c, const OpDesc& op, const void* in, void* out) {
+  c.beginOp(op);
+  const int n = c.size();
+  const int me = c.rank();
+  uint64_t s = c.nextStep();
+  c.writeHeader(op, s, Algo::kOneShot);
+  copyBytes(c.slot(me, s), in, op.bytes());
+  c.exchange(op, s);
+  if (me != op.root || op.count == 0) return;
+  std::vector<const void*> srcs(n);
+  for (int r = 0; r < n; ++r) srcs[r] = c.slot(r, s);
+  reduceShare(op, out, srcs.data(), n, op.count);
+}
+
+// As allreduce's Note [Pipelined reduce-scatter + allgather], but only the
+// root gathers.
+void reducePipelined(Communicator& c, const OpDesc& op, const void* in, void* out) {
   c.beginOp(op);
   const int n = c.size();
   const int me = c.rank();
   const bool root = me == op.root;
   const size_t es = elementSize(op.dtype);
   std::vector<const void*> srcs(n);
-  if (op.bytes() <= static_cast<size_t>(kReduceOneShotMax.get()) &&
-      op.bytes() <= c.slotBytes()) {
-    uint64_t s = c.nextStep();
-    c.writeHeader(op, s);
-    copyBytes(c.slot(me, s), in, op.bytes());
-    c.exchange(op, s);
-    if (!root || op.count == 0) return;
-    for (int r = 0; r < n; ++r) srcs[r] = c.slot(r, s);
-    reduceShare(op, out, srcs.data(), n, op.count);
-    return;
-  }
   const size_t chunkElems = c.chunkBytes() / es;
   const size_t align = 64 / es ? 64 / es : 1;
   size_t done = 0;
@@ -39,7 +43,7 @@ void reduce(Communicator& c, const OpDesc& op, const void* in, void* out) {
   while (first || done < op.count) {
     size_t ck = std::min(chunkElems, op.count - done);
     uint64_t sa = c.nextStep();
-    if (first) c.writeHeader(op, sa);
+    if (first) c.writeHeader(op, sa, Algo::kShm);
     copyBytes(c.slot(me, sa), static_cast<const uint8_t*>(in) + done * es, ck * es);
     if (first) {
       c.exchange(op, sa);

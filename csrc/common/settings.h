@@ -6,8 +6,12 @@
 //   size_t n = kSlotBytes.get();
 //
 // Declaration registers the setting, so `python -m torch_braid.info` can list
-// every one with its default and doc. get() reads the environment each call:
-// values are read when a group is created, so a process can sweep them.
+// every one with its default and doc. get() reads the environment each call;
+// callers call it when a group is created (logging and the kernels' SIMD
+// level: once per process) and keep the value, never per op, so a process
+// sweeps a setting by making a new group per value. A setting that changes the steps an op takes
+// must also be equal on every rank and be compared between them, see
+// Note [Settings that shape an op] (collectives/plan.h).
 #pragma once
 
 #include <cstdint>

@@ -3,7 +3,9 @@
 #pragma once
 
 #include <chrono>
+#include <functional>
 #include <memory>
+#include <optional>
 #include <vector>
 
 #include "collectives/communicator.h"
@@ -13,21 +15,69 @@
 namespace braid {
 namespace testing {
 
+// How a Group is made. config gives each rank's settings (what the
+// environment would give, per rank without setenv; see Note [Settings that
+// shape an op]); empty: read from the environment as the backend does.
+struct GroupOptions {
+  size_t slotBytes = 4096;
+  size_t channelBytes = 4096;
+  std::chrono::milliseconds timeout = std::chrono::seconds(20);
+  std::function<collectives::CollectiveConfig(int rank)> config;
+  int useCma = -1;  // -1: BRAID_SHM_CMA
+};
+
+inline GroupOptions slots(size_t slotBytes) {
+  GroupOptions o;
+  o.slotBytes = slotBytes;
+  return o;
+}
+
+// Every op with a direct path reads peers' memory at any size, allreduce too
+// (no one-shot), where the OS permits direct reads (Note [Direct transfers]).
+inline collectives::CollectiveConfig directEverywhere() {
+  collectives::CollectiveConfig c;
+  c.directMinBytes = 0;
+  c.allreduceOneShotMax = 0;
+  c.directOps = collectives::parseDirectOps(
+      "allreduce,broadcast,allgather,gather,scatter,reduce_scatter,alltoall", 0);
+  return c;
+}
+
+inline GroupOptions withConfig(GroupOptions o, const collectives::CollectiveConfig& c) {
+  o.config = [c](int) { return c; };
+  return o;
+}
+
+// Shared memory only: direct reads off on every rank.
+inline GroupOptions shmOnly(GroupOptions o) {
+  o.useCma = 0;
+  return o;
+}
+
 struct Group {
   MemoryStore store;
   std::vector<std::unique_ptr<collectives::Communicator>> comms;
-  Group(int n, size_t slotBytes, size_t channelBytes = 4096,
-        std::chrono::milliseconds timeout = std::chrono::seconds(20))
-      : comms(n) {
+  Group(int n, const GroupOptions& opts) : comms(n) {
     runRanks(n, [&](int r) {
       transport::shm::WindowOptions o;
-      o.slotBytes = slotBytes;
-      o.channelBytes = channelBytes;
-      o.timeout = timeout;
-      comms[r] = std::make_unique<collectives::Communicator>(
-          transport::shm::ShmWindow::create(store, r, n, o));
+      o.slotBytes = opts.slotBytes;
+      o.channelBytes = opts.channelBytes;
+      o.timeout = opts.timeout;
+      o.useCma = opts.useCma;
+      auto w = transport::shm::ShmWindow::create(store, r, n, o);
+      std::optional<collectives::CollectiveConfig> cfg;
+      if (opts.config) cfg = opts.config(r);
+      comms[r] = std::make_unique<collectives::Communicator>(std::move(w), cfg);
     });
   }
+  Group(int n, size_t slotBytes, size_t channelBytes = 4096,
+        std::chrono::milliseconds timeout = std::chrono::seconds(20))
+      : Group(n, [&] {
+          GroupOptions o = slots(slotBytes);
+          o.channelBytes = channelBytes;
+          o.timeout = timeout;
+          return o;
+        }()) {}
 };
 
 // A 1-D op of `count` elements whose deadline starts now.

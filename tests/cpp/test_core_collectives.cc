@@ -20,18 +20,21 @@ namespace {
 using collectives::Communicator;
 using collectives::OpDesc;
 using collectives::OpKind;
-using testing::MemoryStore;
 using testing::desc;
 using testing::Group;
+using testing::GroupOptions;
 using testing::runRanks;
+using testing::shmOnly;
+using testing::slots;
+using testing::withConfig;
 
 float val(int rank, size_t i) { return static_cast<float>((rank + 1) * 1000 + i % 997); }
 
 class Sizes : public ::testing::TestWithParam<std::tuple<int, size_t>> {};
 
 // A 4 KiB slot makes every count above 1024 floats take the chunked paths.
-void checkAllCollectives(int n, size_t count) {
-  Group g(n, 4096);
+void checkAllCollectives(int n, size_t count, const GroupOptions& opts = slots(4096)) {
+  Group g(n, opts);
   runRanks(n, [&](int r) {
     Communicator& c = *g.comms[r];
     std::vector<float> in(count), out(count, -1.f);
@@ -98,28 +101,21 @@ TEST_P(Sizes, AllCollectivesMatchClosedForms) {
 // The same through direct reads of peers' memory (Note [Direct transfers]),
 // and with direct reads turned off entirely.
 TEST_P(Sizes, DirectPathMatchesClosedForms) {
-  setenv("BRAID_DIRECT_MIN_BYTES", "0", 1);
-  setenv("BRAID_DIRECT_OPS",
-         "allreduce,broadcast,reduce,allgather,gather,scatter,reduce_scatter,alltoall", 1);
-  checkAllCollectives(std::get<0>(GetParam()), std::get<1>(GetParam()));
-  unsetenv("BRAID_DIRECT_OPS");
-  unsetenv("BRAID_DIRECT_MIN_BYTES");
+  checkAllCollectives(std::get<0>(GetParam()), std::get<1>(GetParam()),
+                      withConfig(slots(4096), testing::directEverywhere()));
 }
 
 // Chunks smaller than a slot (Note [Chunk size and direct reads]): 320 bytes
 // split among up to 5 ranks leaves pieces of one cache line.
 TEST_P(Sizes, SmallChunksMatchClosedForms) {
-  setenv("BRAID_CHUNK_BYTES", "320", 1);
-  setenv("BRAID_SHM_CMA", "0", 1);
-  checkAllCollectives(std::get<0>(GetParam()), std::get<1>(GetParam()));
-  unsetenv("BRAID_SHM_CMA");
-  unsetenv("BRAID_CHUNK_BYTES");
+  collectives::CollectiveConfig cfg;
+  cfg.chunkBytes = 320;
+  checkAllCollectives(std::get<0>(GetParam()), std::get<1>(GetParam()),
+                      shmOnly(withConfig(slots(4096), cfg)));
 }
 
 TEST_P(Sizes, SharedMemoryOnlyMatchesClosedForms) {
-  setenv("BRAID_SHM_CMA", "0", 1);
-  checkAllCollectives(std::get<0>(GetParam()), std::get<1>(GetParam()));
-  unsetenv("BRAID_SHM_CMA");
+  checkAllCollectives(std::get<0>(GetParam()), std::get<1>(GetParam()), shmOnly(slots(4096)));
 }
 
 INSTANTIATE_TEST_SUITE_P(Core, Sizes,
@@ -128,10 +124,12 @@ INSTANTIATE_TEST_SUITE_P(Core, Sizes,
 
 class Alltoall : public ::testing::TestWithParam<bool> {};
 
+// Direct: alltoall reads every block directly (BRAID_DIRECT_MIN_BYTES=0).
 TEST_P(Alltoall, UnevenSplits) {
-  if (!GetParam()) setenv("BRAID_SHM_CMA", "0", 1);
+  collectives::CollectiveConfig cfg;
+  cfg.directMinBytes = 0;
   for (int n : {1, 2, 3, 5}) {
-    Group g(n, 4096);
+    Group g(n, GetParam() ? withConfig(slots(4096), cfg) : shmOnly(slots(4096)));
     runRanks(n, [&](int r) {
       // rank i sends (i + j) * 300 + 1 bytes to rank j, byte value i*16+j
       std::vector<uint64_t> sendB(n), recvB(n);
@@ -154,7 +152,6 @@ TEST_P(Alltoall, UnevenSplits) {
         for (uint8_t b : outs[j]) ASSERT_EQ(b, static_cast<uint8_t>(j * 16 + r));
     });
   }
-  unsetenv("BRAID_SHM_CMA");
 }
 
 INSTANTIATE_TEST_SUITE_P(DirectAndShm, Alltoall, ::testing::Values(true, false));
@@ -181,40 +178,6 @@ TEST(Errors, ShapeMismatchIsSeenByEveryRankAndTheGroupRecovers) {
       << errors[0];
   EXPECT_NE(errors[1].find("rank 0 passed shape [4]"), std::string::npos) << errors[1];
   EXPECT_FALSE(errors[2].empty());
-}
-
-// Ranks started with different chunk settings would split an op differently;
-// the header carries the setting, so every rank fails the op with both values
-// instead of exchanging misaligned data.
-TEST(Errors, DifferentChunkSettingsAreNamed) {
-  MemoryStore store;
-  std::vector<std::unique_ptr<transport::shm::ShmWindow>> windows(2);
-  runRanks(2, [&](int r) {
-    transport::shm::WindowOptions o;
-    o.slotBytes = 4096;
-    o.channelBytes = 4096;
-    o.timeout = std::chrono::seconds(20);
-    windows[r] = transport::shm::ShmWindow::create(store, r, 2, o);
-  });
-  std::vector<std::unique_ptr<Communicator>> comms(2);
-  setenv("BRAID_CHUNK_BYTES", "1024", 1);
-  comms[0] = std::make_unique<Communicator>(std::move(windows[0]));
-  setenv("BRAID_CHUNK_BYTES", "2048", 1);
-  comms[1] = std::make_unique<Communicator>(std::move(windows[1]));
-  unsetenv("BRAID_CHUNK_BYTES");
-  std::vector<std::string> errors(2);
-  runRanks(2, [&](int r) {
-    std::vector<float> buf(5000, 1.f);
-    try {
-      collectives::allreduce(*comms[r], desc(OpKind::kAllreduce, buf.size()), buf.data(),
-                             buf.data());
-    } catch (const Error& e) {
-      errors[r] = e.what();
-    }
-  });
-  EXPECT_NE(errors[0].find("rank 1 runs this op with 2048-byte chunks"), std::string::npos)
-      << errors[0];
-  EXPECT_NE(errors[1].find("this rank with 2048-byte chunks"), std::string::npos) << errors[1];
 }
 
 TEST(Errors, UnknownDirectOpIsNamed) {

@@ -44,6 +44,11 @@ constexpr milliseconds kLong{15000};  // "never" for a test; still bounded
 struct Group : testing::Group {
   Group(int n, size_t slotBytes, size_t channelBytes = 4096)
       : testing::Group(n, slotBytes, channelBytes, kLong) {}
+  Group(int n, testing::GroupOptions o) : testing::Group(n, withLongTimeout(o)) {}
+  static testing::GroupOptions withLongTimeout(testing::GroupOptions o) {
+    o.timeout = kLong;
+    return o;
+  }
 };
 
 OpDesc desc(OpKind k, size_t count, DataType t, int root = 0, ReduceOp op = ReduceOp::kSum,
@@ -112,24 +117,13 @@ struct Completion {
 // (Note [Direct transfers]) and once with shared memory only.
 class BothPaths : public ::testing::TestWithParam<bool> {
  protected:
-  void SetUp() override {
-    if (GetParam()) {
-      setenv("BRAID_DIRECT_MIN_BYTES", "1", 1);
-      setenv("BRAID_ALLREDUCE_ONESHOT_MAX", "0", 1);
-      setenv("BRAID_DIRECT_OPS",
-             "allreduce,broadcast,reduce,allgather,gather,scatter,reduce_scatter,alltoall", 1);
-    } else {
-      setenv("BRAID_SHM_CMA", "0", 1);
-    }
+  // How to make the test's groups: every op direct, or shared memory only.
+  testing::GroupOptions paths(size_t slotBytes) {
+    testing::GroupOptions o = testing::slots(slotBytes);
+    return GetParam() ? testing::withConfig(o, testing::directEverywhere()) : testing::shmOnly(o);
   }
   // Direct reads need process_vm_readv, which seccomp or Yama may forbid.
   bool directUnavailable(Communicator& c) { return GetParam() && !c.window().canReadPeers(); }
-  void TearDown() override {
-    unsetenv("BRAID_DIRECT_MIN_BYTES");
-    unsetenv("BRAID_ALLREDUCE_ONESHOT_MAX");
-    unsetenv("BRAID_DIRECT_OPS");
-    unsetenv("BRAID_SHM_CMA");
-  }
 };
 std::string pathName(const ::testing::TestParamInfo<bool>& p) { return p.param ? "Direct" : "Shm"; }
 
@@ -146,7 +140,7 @@ INSTANTIATE_TEST_SUITE_P(Paths, ConcurrentGroups, ::testing::Bool(), pathName);
 TEST_P(Oversubscribed, EightRanksOnTwoCoresAllCollectives) {
   const int n = 8;
   const size_t counts[] = {0, 1, 5, 1023, 1024, 3001, 9000};
-  Group g(n, 4096);
+  Group g(n, paths(4096));
   if (directUnavailable(*g.comms[0])) GTEST_SKIP() << "direct reads are not permitted here";
   runRanks(n, [&](int r) {
     pinToTwoCpus();
@@ -258,7 +252,7 @@ INSTANTIATE_TEST_SUITE_P(Paths, BufferReuse, ::testing::Bool(), pathName);
 TEST_P(BufferReuse, BuffersAreReusableAsSoonAsAnOpReturns) {
   const int n = 4;
   const size_t count = 3000;  // 12000 bytes: three 4 KiB slots
-  Group g(n, 4096);
+  Group g(n, paths(4096));
   if (directUnavailable(*g.comms[0])) GTEST_SKIP() << "direct reads are not permitted here";
   runRanks(n, [&](int r) {
     Communicator& c = *g.comms[r];
@@ -323,10 +317,10 @@ TEST_P(ConcurrentGroups, ThreeGroupsPerRankFromDifferentThreads) {
   std::unique_ptr<Group> groups[4];  // world, pair A {0,1}, pair B {2,3}, reversed world
   {
     std::vector<std::thread> t;
-    t.emplace_back([&] { groups[0] = std::make_unique<Group>(world, 8192); });
-    t.emplace_back([&] { groups[1] = std::make_unique<Group>(2, 4096); });
-    t.emplace_back([&] { groups[2] = std::make_unique<Group>(2, 4096); });
-    t.emplace_back([&] { groups[3] = std::make_unique<Group>(world, 4096); });
+    t.emplace_back([&] { groups[0] = std::make_unique<Group>(world, paths(8192)); });
+    t.emplace_back([&] { groups[1] = std::make_unique<Group>(2, paths(4096)); });
+    t.emplace_back([&] { groups[2] = std::make_unique<Group>(2, paths(4096)); });
+    t.emplace_back([&] { groups[3] = std::make_unique<Group>(world, paths(4096)); });
     for (auto& x : t) x.join();
   }
   if (directUnavailable(*groups[0]->comms[0]))

@@ -19,14 +19,16 @@ namespace transport {
 namespace shm {
 
 BRAID_SETTING_INT(kSlotBytes, "BRAID_SHM_SLOT_BYTES", 1 << 20,
-                  "Data bytes per shared-memory slot: the chunk size of pipelined collectives.");
+                  "Data bytes per shared-memory slot: the largest chunk of pipelined collectives "
+                  "and one-shot op. Must be equal on every rank.");
 BRAID_SETTING_BOOL(kUseCma, "BRAID_SHM_CMA", true,
                    "Let large transfers read peers' memory directly (process_vm_readv) when "
                    "the OS permits it; 0 keeps every transfer in shared memory.");
 BRAID_SETTING_INT(kSpinUs, "BRAID_SHM_SPIN_US", 20,
                   "Microseconds a waiting rank spins before it sleeps on a futex.");
 BRAID_SETTING_INT(kChannelBytes, "BRAID_SHM_P2P_BYTES", 256 << 10,
-                  "Bytes of each point-to-point ring (one per ordered pair of ranks).");
+                  "Bytes of each point-to-point ring (one per ordered pair of ranks). Must be "
+                  "equal on every rank.");
 
 namespace {
 constexpr uint64_t kMagic = 0x62726169642d7731ULL;  // "braid-w1"
@@ -135,9 +137,25 @@ std::unique_ptr<ShmWindow> ShmWindow::create(Store& store, int rank, int size,
   int64_t ticket = store.add("braid/shm/incarnation", 1);
   std::string prefix = "braid/shm/" + std::to_string((ticket - 1) / size) + "/";
   // Everyone arrives before anyone creates a segment, which keeps the window
-  // in which a name exists in /dev/shm as short as possible.
-  store.set(prefix + "here/" + std::to_string(rank), {1});
-  for (int r = 0; r < size; ++r) store.get(prefix + "here/" + std::to_string(r), opts.timeout);
+  // in which a name exists in /dev/shm as short as possible. Arriving ranks
+  // bring the sizes that fix the segment's layout, so that a difference fails
+  // every rank here, naming both values, instead of one rank's open() while
+  // the others wait (Note [Settings that shape an op]).
+  const std::string layout = std::to_string(slot) + "," + std::to_string(chan);
+  store.set(prefix + "here/" + std::to_string(rank), bytesOf(layout));
+  for (int r = 0; r < size; ++r) {
+    std::string theirs = stringOf(store.get(prefix + "here/" + std::to_string(r), opts.timeout));
+    if (theirs == layout) continue;
+    const std::string theirSlot = theirs.substr(0, theirs.find(','));
+    const std::string theirChan = theirs.substr(theirs.find(',') + 1);
+    const bool slotDiffers = theirSlot != std::to_string(slot);
+    BRAID_THROW(Error, "init", rank, "rank ", r, " runs with ",
+                slotDiffers ? "BRAID_SHM_SLOT_BYTES=" : "BRAID_SHM_P2P_BYTES=",
+                slotDiffers ? theirSlot : theirChan, ", this rank with ",
+                slotDiffers ? "BRAID_SHM_SLOT_BYTES=" : "BRAID_SHM_P2P_BYTES=",
+                slotDiffers ? slot : chan,
+                " (settings that shape the shared memory must be equal on every rank)");
+  }
 
   sweepStale();
   w->segments_.resize(size);
@@ -165,7 +183,7 @@ std::unique_ptr<ShmWindow> ShmWindow::create(Store& store, int rank, int size,
     }
     // Note [Direct transfers]: probe whether this rank may read every peer's
     // private memory; the group uses direct reads only if all ranks may.
-    bool canRead = kUseCma.get();
+    bool canRead = opts.useCma >= 0 ? opts.useCma != 0 : kUseCma.get();
     for (int r = 0; r < size && canRead; ++r) {
       uint64_t got = 0;
       RankHeader* ph = w->header(r);

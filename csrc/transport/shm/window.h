@@ -20,6 +20,7 @@ struct WindowOptions {
   size_t channelBytes = 0;  // 0: BRAID_SHM_P2P_BYTES
   std::chrono::milliseconds timeout{300000};  // for the rendezvous through the store
   int64_t spinUs = -1;      // -1: BRAID_SHM_SPIN_US
+  int useCma = -1;          // -1: BRAID_SHM_CMA; 0 or 1 override it
 };
 
 class RingChannel;
