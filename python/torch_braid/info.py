@@ -18,6 +18,10 @@ def main(out=sys.stdout):
     print(f"  CUDA            {'yes' if info['cuda'] else 'no'}", file=out)
     print(f"  transports      {', '.join(info['transports'])}", file=out)
     print(f"  compiler        {info.get('compiler', '?')}", file=out)
+    # Note [One pybind11 per process] (CMakeLists.txt): the headers torch was built with.
+    where = info.get("pybind11_include")
+    print(f"  pybind11        {info.get('pybind11', '?')}" + (f" ({where})" if where else ""),
+          file=out)
     print("", file=out)
     print("Settings (environment variables):", file=out)
     for s in torch_braid.settings():

@@ -23,3 +23,26 @@ def test_info_runs_and_lists_settings():
     assert proc.returncode == 0, f"exit code {proc.returncode}:\n{proc.stdout}\n{proc.stderr}"
     assert re.search(r"\bBRAID_[A-Z0-9_]+", out), f"no BRAID_ setting listed:\n{out}"
     assert "torch" in out and torch.__version__ in out, f"torch version missing:\n{out}"
+
+
+def _header_version(include_dir):
+    text = open(os.path.join(include_dir, "pybind11", "detail", "common.h")).read()
+    parts = [re.search(rf"#define PYBIND11_VERSION_{p} (\S+)", text).group(1)
+             for p in ("MAJOR", "MINOR", "PATCH")]
+    return ".".join(parts)
+
+
+def test_info_names_torchs_pybind11():
+    """The module was built with the pybind11 torch ships, when it ships one
+    (Note [One pybind11 per process]); either way info says which."""
+    if importlib.util.find_spec("torch_braid") is None and H.BACKEND != "braid":
+        pytest.skip("torch_braid is not importable")
+    sys.path.insert(0, H.PYTHON_DIR)
+    import torch_braid
+
+    info = torch_braid.build_info()
+    assert re.fullmatch(r"\d+\.\d+\.\S+", info["pybind11"]), info
+    bundled = os.path.join(os.path.dirname(torch.__file__), "include")
+    if os.path.exists(os.path.join(bundled, "pybind11", "detail", "common.h")):
+        assert info["pybind11"] == _header_version(bundled), (info, bundled)
+        assert os.path.realpath(info["pybind11_include"]) == os.path.realpath(bundled), info
