@@ -37,6 +37,17 @@ else
   echo "skipped the torchrun run: $why" >&2
 fi
 
+echo "=== torch $torch_version: pip install --no-build-isolation . into a venv" >&2
+# As a pip user installs braid: into an environment that holds torch, with no
+# pybind11 of its own (Note [One pybind11 per process]), then imported from
+# outside the repository.
+venv="$build/venv"
+rm -rf "$venv"
+$PY -m venv --system-site-packages "$venv"
+BRAID_BUILD_DIR="$build/pip" BRAID_BUILD_TESTS=OFF CCACHE_DIR="${CCACHE_DIR:-$repo/build/ccache}" \
+  "$venv/bin/python" -m pip install -q --no-build-isolation --no-deps --no-index "$repo" >&2
+(cd "$build" && "$venv/bin/python" -m torch_braid.info | grep -E "^braid|torch  |pybind11") >&2
+
 echo "=== torch $torch_version: Python tests ($tier tier)" >&2
 export PYTHONPATH="$repo/python${PYTHONPATH:+:$PYTHONPATH}"
 marker=(-m "not slow")
