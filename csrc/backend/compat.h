@@ -41,6 +41,13 @@ using BackendBase = c10d::ProcessGroup;
 
 constexpr bool kTorch2 = BRAID_TORCH2;
 
+// The OpType of the Work that ends a coalescing window (1.13 has none).
+#if BRAID_TORCH2
+constexpr c10d::OpType kCoalescedOpType = c10d::OpType::COALESCED;
+#else
+constexpr c10d::OpType kCoalescedOpType = c10d::OpType::UNKNOWN;
+#endif
+
 // The owning pointer to an autograd node: std::shared_ptr up to torch 2.13,
 // c10::intrusive_ptr from 2.14 on. Both have get() and ->.
 using NodePtr =

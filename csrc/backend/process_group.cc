@@ -1,6 +1,7 @@
 // Construction, the launch machinery, and the reducing collectives.
 #include "backend/process_group.h"
 
+#include "backend/coalesced_work.h"
 #include "backend/engine.h"
 #include "backend/store_adapter.h"
 #include "backend/tensor_args.h"
@@ -106,7 +107,29 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupBraid::launch(c10d::OpType type, cons
   job.finish = [work](std::exception_ptr e) { work->markDone(e); };
   uint64_t id = engine_->submit(std::move(job));
   if (id) work->setJob(engine_->queue(), id);
+  return tracked(work);
+}
+
+c10::intrusive_ptr<c10d::Work> ProcessGroupBraid::tracked(c10::intrusive_ptr<c10d::Work> work) {
+  std::lock_guard<std::mutex> lock(coalesceMu_);
+  if (coalescing_) coalesced_.push_back(work);
   return work;
+}
+
+void ProcessGroupBraid::startCoalescing() {
+  std::lock_guard<std::mutex> lock(coalesceMu_);
+  BRAID_ENFORCE(!coalescing_, "coalescing", getRank(),
+                "startCoalescing() called twice without endCoalescing()");
+  coalescing_ = true;
+  coalesced_.clear();
+}
+
+c10::intrusive_ptr<c10d::Work> ProcessGroupBraid::endCoalescing() {
+  std::lock_guard<std::mutex> lock(coalesceMu_);
+  BRAID_ENFORCE(coalescing_, "coalescing", getRank(),
+                "endCoalescing() called without startCoalescing()");
+  coalescing_ = false;
+  return c10::make_intrusive<CoalescedWork>(getRank(), std::move(coalesced_));
 }
 
 c10::intrusive_ptr<c10d::Work> ProcessGroupBraid::guarded(

@@ -6,6 +6,8 @@
 #include <chrono>
 #include <functional>
 #include <memory>
+#include <mutex>
+#include <vector>
 #include <string>
 
 #include "backend/compat.h"
@@ -104,6 +106,11 @@ class ProcessGroupBraid : public compat::BackendBase {
   // abort(): fails every pending and queued op now, from any thread; ranks
   // blocked in an op return at once with an error.
   void abort();  // NOLINT(modernize-use-override): see the Note
+  // Note [Coalescing] (backend/coalesced_work.h); same Note as above for the
+  // missing `override`.
+  bool supportsCoalescing() const { return true; }  // NOLINT(modernize-use-override)
+  void startCoalescing();                            // NOLINT(modernize-use-override)
+  c10::intrusive_ptr<c10d::Work> endCoalescing();    // NOLINT(modernize-use-override)
 
  private:
   using Body = std::function<void()>;
@@ -118,8 +125,14 @@ class ProcessGroupBraid : public compat::BackendBase {
   c10::intrusive_ptr<c10d::Work> sendRecv(bool isSend, std::vector<at::Tensor>& tensors, int peer,
                                           int tag);
 
+  // Records a Work issued inside a coalescing window; returns it.
+  c10::intrusive_ptr<c10d::Work> tracked(c10::intrusive_ptr<c10d::Work> work);
+
   std::chrono::milliseconds timeout_;
   std::atomic<uint64_t> launched_{0};
+  std::mutex coalesceMu_;
+  bool coalescing_ = false;
+  std::vector<c10::intrusive_ptr<c10d::Work>> coalesced_;
   std::unique_ptr<Engine> engine_;
 };
 

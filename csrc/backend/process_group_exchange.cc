@@ -221,7 +221,7 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupBraid::sendRecv(bool isSend,
                               work->markDone(e, src);
                             });
   }
-  return work;
+  return tracked(work);
 }
 
 c10::intrusive_ptr<c10d::Work> ProcessGroupBraid::send(std::vector<at::Tensor>& tensors,
