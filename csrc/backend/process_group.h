@@ -103,6 +103,9 @@ class ProcessGroupBraid : public compat::BackendBase {
   collectives::OpDesc desc(collectives::OpKind kind, std::chrono::milliseconds optTimeout) const;
   c10::intrusive_ptr<c10d::Work> sendRecv(bool isSend, std::vector<at::Tensor>& tensors, int peer,
                                           int tag);
+  // process_group_sparse.cc: allreduce of one sparse COO tensor (SUM), as gloo's.
+  c10::intrusive_ptr<c10d::Work> allreduceSparse(std::vector<at::Tensor>& tensors,
+                                                 const c10d::AllreduceOptions& opts);
 
   std::chrono::milliseconds timeout_;
   std::atomic<uint64_t> launched_{0};
