@@ -78,6 +78,8 @@ class ProcessGroupBraid : public compat::BackendBase {
                                               c10d::AllToAllOptions()) override;
   c10::intrusive_ptr<c10d::Work> barrier(const c10d::BarrierOptions& opts =
                                              c10d::BarrierOptions()) override;
+  // process_group_monitored.cc: gloo's monitored barrier, on the caller's thread.
+  void monitoredBarrier(const c10d::BarrierOptions& opts, bool waitAllRanks = false) override;
   c10::intrusive_ptr<c10d::Work> send(std::vector<at::Tensor>& tensors, int dstRank,
                                       int tag) override;
   c10::intrusive_ptr<c10d::Work> recv(std::vector<at::Tensor>& tensors, int srcRank,
@@ -109,6 +111,7 @@ class ProcessGroupBraid : public compat::BackendBase {
 
   std::chrono::milliseconds timeout_;
   std::atomic<uint64_t> launched_{0};
+  std::atomic<uint64_t> monitoredBarriers_{0};  // numbers each call's messages
   std::unique_ptr<Engine> engine_;
 };
 
