@@ -21,7 +21,7 @@ CASES = [
     ("odd", (11,), 1, lambda r: 2 * r + 3),
     ("some_empty", (9, 2), 1, lambda r: 0 if r % 2 == 0 else 5),
     ("overlap_2d", (5, 4), 2, lambda r: 9),
-    ("disjoint", (64,), 1, lambda r: 8),
+    ("disjoint", (128,), 1, lambda r: 8),  # rows [16r, 16r + 8): up to 8 ranks
     ("dense_dims", (6, 2, 3), 1, lambda r: 4 + r),
     ("hybrid_3d", (4, 3, 5), 2, lambda r: 7),
 ]
