@@ -10,6 +10,10 @@ The wrapper keeps torch's signature and its two other steps (ranks outside
 the group return at once, a float timeout means seconds). Without a timeout
 it passes none, so braid uses the group's own timeout, as gloo's
 documentation promises ("the default process group timeout").
+
+The wrapper replaces the name in torch.distributed and its distributed_c10d
+module: code that bound the function itself before importing torch_braid
+(`from torch.distributed import monitored_barrier`) keeps torch's original.
 """
 import datetime
 import functools
