@@ -156,6 +156,9 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupBraid::guarded(
 
 c10::intrusive_ptr<c10d::Work> ProcessGroupBraid::allreduce(std::vector<at::Tensor>& tensors,
                                                             const c10d::AllreduceOptions& opts) {
+  if (!tensors.empty() && tensors[0].defined() && tensors[0].is_sparse()) {
+    return allreduceSparse(tensors, opts);
+  }
   return guarded(OpKind::kAllreduce, [&] {
     const int rank = getRank();
     const at::Tensor& t = args::single(tensors, "allreduce", rank);

@@ -80,6 +80,8 @@ class ProcessGroupBraid : public compat::BackendBase {
                                               c10d::AllToAllOptions()) override;
   c10::intrusive_ptr<c10d::Work> barrier(const c10d::BarrierOptions& opts =
                                              c10d::BarrierOptions()) override;
+  // process_group_monitored.cc: gloo's monitored barrier, on the caller's thread.
+  void monitoredBarrier(const c10d::BarrierOptions& opts, bool waitAllRanks = false) override;
   c10::intrusive_ptr<c10d::Work> send(std::vector<at::Tensor>& tensors, int dstRank,
                                       int tag) override;
   c10::intrusive_ptr<c10d::Work> recv(std::vector<at::Tensor>& tensors, int srcRank,
@@ -124,6 +126,9 @@ class ProcessGroupBraid : public compat::BackendBase {
   collectives::OpDesc desc(collectives::OpKind kind, std::chrono::milliseconds optTimeout) const;
   c10::intrusive_ptr<c10d::Work> sendRecv(bool isSend, std::vector<at::Tensor>& tensors, int peer,
                                           int tag);
+  // process_group_sparse.cc: allreduce of one sparse COO tensor (SUM), as gloo's.
+  c10::intrusive_ptr<c10d::Work> allreduceSparse(std::vector<at::Tensor>& tensors,
+                                                 const c10d::AllreduceOptions& opts);
 
   // Records a Work issued inside a coalescing window; returns it.
   c10::intrusive_ptr<c10d::Work> tracked(c10::intrusive_ptr<c10d::Work> work);
@@ -133,6 +138,7 @@ class ProcessGroupBraid : public compat::BackendBase {
   std::mutex coalesceMu_;
   bool coalescing_ = false;
   std::vector<c10::intrusive_ptr<c10d::Work>> coalesced_;
+  std::atomic<uint64_t> monitoredBarriers_{0};  // numbers each call's messages
   std::unique_ptr<Engine> engine_;
 };
 

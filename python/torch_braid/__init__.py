@@ -11,6 +11,7 @@ import torch
 import torch.distributed as dist
 
 from . import _C
+from . import _monitored_barrier
 
 __version__ = _C.__version__
 __all__ = ["__version__", "build_info", "settings"]
@@ -42,3 +43,4 @@ def settings():
 
 
 _register()
+_monitored_barrier.install()  # dist.monitored_barrier accepts braid groups
