@@ -49,7 +49,8 @@ execute_process(
 import torch, torch.utils.cpp_extension as ce
 f = getattr(ce, '_get_pybind11_abi_build_flags', None)
 if f is not None:
-    flags = [x[2:] for x in f() if x.startswith('-D')]
+    # shell-quoted for a compiler command line: CMake quotes them itself
+    flags = [x[2:].replace(chr(92) + chr(34), chr(34)) for x in f() if x.startswith('-D')]
 else:
     flags = []
     for name in ('COMPILER_TYPE', 'STDLIB', 'BUILD_ABI'):
