@@ -145,7 +145,9 @@ PYBIND11_MODULE(_C, m) {
            py::call_guard<py::gil_scoped_release>(),
            "Lets issued ops finish, then stops the group's threads and frees its memory.")
       .def("abort", &braid::ProcessGroupBraid::abort, py::call_guard<py::gil_scoped_release>(),
-           "Fails every pending and queued op now; ranks blocked in an op return at once.");
+           "Fails every pending and queued op now; ranks blocked in an op return at once.")
+      .def("set_timeout", &braid::ProcessGroupBraid::setTimeout, py::arg("timeout"),
+           "The timeout of ops issued from now on (ops already issued keep theirs).");
   m.def("build_info", &buildInfo);
   m.def("settings", &settings);
   for (auto& part : braid::python::parts()) part.second(m);

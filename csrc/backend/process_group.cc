@@ -45,7 +45,7 @@ void checkSameHost(transport::Store& store, int rank, int size, std::chrono::mil
 ProcessGroupBraid::ProcessGroupBraid(const c10::intrusive_ptr<c10d::Store>& store, int rank,
                                      int size, std::chrono::milliseconds timeout,
                                      std::string groupName)
-    : compat::BackendBase(rank, size), timeout_(timeout) {
+    : compat::BackendBase(rank, size), timeoutMs_(timeout.count()) {
   // A reused store (file://) may hold keys of an earlier group: number the
   // incarnations and keep each one's keys apart.
   int64_t ticket = store->add("braid/incarnation", 1);
@@ -73,12 +73,18 @@ void ProcessGroupBraid::shutdown() {
 
 void ProcessGroupBraid::abort() { shutdownNow(); }
 
+void ProcessGroupBraid::setTimeout(std::chrono::milliseconds timeout) {
+  BRAID_ENFORCE(timeout.count() > 0, "set_timeout", getRank(),
+                "the timeout must be positive, got ", timeout.count(), " ms");
+  timeoutMs_.store(timeout.count(), std::memory_order_relaxed);
+}
+
 uint64_t ProcessGroupBraid::getSequenceNumberForGroup() { return launched_.load(); }
 
 OpDesc ProcessGroupBraid::desc(OpKind kind, std::chrono::milliseconds optTimeout) const {
   OpDesc d;
   d.kind = kind;
-  d.timeout = optTimeout.count() > 0 ? optTimeout : timeout_;
+  d.timeout = optTimeout.count() > 0 ? optTimeout : timeout();
   d.deadline = transport::Clock::now() + d.timeout;
   return d;
 }

@@ -108,6 +108,9 @@ class ProcessGroupBraid : public compat::BackendBase {
   // abort(): fails every pending and queued op now, from any thread; ranks
   // blocked in an op return at once with an error.
   void abort();  // NOLINT(modernize-use-override): see the Note
+  // torch 2.14's Backend::setTimeout (torchft's set_timeout): the timeout of
+  // ops issued from now on. Same Note as above for the missing `override`.
+  void setTimeout(std::chrono::milliseconds timeout);  // NOLINT(modernize-use-override)
   // Note [Coalescing] (backend/coalesced_work.h); same Note as above for the
   // missing `override`.
   bool supportsCoalescing() const { return true; }  // NOLINT(modernize-use-override)
@@ -133,7 +136,13 @@ class ProcessGroupBraid : public compat::BackendBase {
   // Records a Work issued inside a coalescing window; returns it.
   c10::intrusive_ptr<c10d::Work> tracked(c10::intrusive_ptr<c10d::Work> work);
 
-  std::chrono::milliseconds timeout_;
+  // The group's timeout for ops that set none; setTimeout() may change it
+  // from any thread (ops already issued keep theirs).
+  std::chrono::milliseconds timeout() const {
+    return std::chrono::milliseconds(timeoutMs_.load(std::memory_order_relaxed));
+  }
+
+  std::atomic<int64_t> timeoutMs_;
   std::atomic<uint64_t> launched_{0};
   std::mutex coalesceMu_;
   bool coalescing_ = false;

@@ -207,7 +207,7 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupBraid::sendRecv(bool isSend,
   }
   auto work = c10::make_intrusive<WorkBraid>(rank, isSend ? c10d::OpType::SEND : c10d::OpType::RECV,
                                              isSend ? "braid:send" : "braid:recv", tensors);
-  std::chrono::milliseconds timeout = timeout_;
+  std::chrono::milliseconds timeout = this->timeout();
   auto deadline = transport::Clock::now() + timeout;
   if (isSend) {
     auto st = Staged::in(t);

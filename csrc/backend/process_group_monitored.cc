@@ -142,13 +142,13 @@ void ProcessGroupBraid::monitoredBarrier(const c10d::BarrierOptions& opts, bool 
   const int rank = getRank(), n = getSize();
   const int64_t seq = static_cast<int64_t>(monitoredBarriers_.fetch_add(1)) + 1;
   if (n == 1) return;
-  const auto timeout = opts.timeout.count() > 0 ? opts.timeout : timeout_;
+  const auto timeout = opts.timeout.count() > 0 ? opts.timeout : this->timeout();
   auto& p2p = engine_->p2p();
   auto ex = std::make_shared<Exchange>(n);
   std::vector<int64_t> stale(n, -1);
 
   if (rank != 0) {
-    const auto wait = std::max(timeout, timeout_);
+    const auto wait = std::max(timeout, this->timeout());
     const auto deadline = transport::Clock::now() + wait;
     postSend(p2p, ex, 0, Msg{seq, 0, -1}, deadline, wait);
     postRecv(p2p, ex, 0, deadline, wait);

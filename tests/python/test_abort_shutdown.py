@@ -91,3 +91,37 @@ def test_shutdown_lets_issued_ops_finish(n):
         assert "shut down" in after, f"rank {r}: an op after shutdown(): {after}"
     assert set(codes.values()) == {0}, codes
     assert not world.leaks, world.leaks
+
+
+def _lonely_after_set_timeout(ctx):
+    """set_timeout(1 s) on a 30 s group: rank 0's lonely allreduce fails after 1 s."""
+    import datetime
+
+    torch, dist = ctx.torch, ctx.dist
+    dist.init_process_group(ctx.backend, store=ctx.store("settimeout"), rank=ctx.rank,
+                            world_size=ctx.size, timeout=ctx.timeout)
+    ctx.backend_object().set_timeout(datetime.timedelta(seconds=1))
+    outcome = None
+    if ctx.rank == 0:
+        t0 = time.monotonic()
+        try:
+            dist.all_reduce(torch.ones(4))
+            outcome = ("no error", time.monotonic() - t0)
+        except RuntimeError as e:
+            outcome = (str(e), time.monotonic() - t0)
+    else:
+        time.sleep(3.0)
+    dist.destroy_process_group()
+    return outcome
+
+
+@pytest.mark.braid_only
+def test_set_timeout_applies_to_later_ops():
+    world = H.World(2, init=False, pg_timeout=30.0, name="settimeout")
+    try:
+        message, elapsed = world.run(_lonely_after_set_timeout, timeout=60)[0]
+    finally:
+        codes = world.close(timeout=30)
+    assert 0.9 <= elapsed <= 2.5, f"failed after {elapsed:.2f} s, expected about 1 s"
+    assert "Timed out after 1000 ms" in message, message
+    assert codes == {0: 0, 1: 0}, codes
