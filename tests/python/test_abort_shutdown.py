@@ -12,22 +12,21 @@ import pytest
 import harness as H
 
 
+def _init(ctx, prefix):
+    ctx.dist.init_process_group(ctx.backend, store=ctx.store(prefix), rank=ctx.rank,
+                                world_size=ctx.size, timeout=ctx.timeout)
+
+
 def _abort_from_another_thread(ctx):
     """Rank 0 blocks in an allreduce rank 1 never joins; a thread aborts it."""
     torch, dist = ctx.torch, ctx.dist
-    dist.init_process_group(ctx.backend, store=ctx.store("abort"), rank=ctx.rank,
-                            world_size=ctx.size, timeout=ctx.timeout)
+    _init(ctx, "abort")
     be = ctx.backend_object()
     outcome = None
     if ctx.rank == 0:
         timer = threading.Timer(0.5, be.abort)
         timer.start()
-        t0 = time.monotonic()
-        try:
-            dist.all_reduce(torch.ones(4))
-            outcome = ("no error", time.monotonic() - t0)
-        except RuntimeError as e:
-            outcome = (str(e), time.monotonic() - t0)
+        outcome = H.timed_allreduce(ctx)
         timer.join()
         try:
             dist.all_reduce(torch.ones(4))  # the group is aborted: fails at once
@@ -60,8 +59,7 @@ def test_abort_fails_a_blocked_op_at_once():
 def _shutdown_after_async_ops(ctx):
     """Async allreduces, then shutdown(): every one completes with the right sum."""
     torch, dist = ctx.torch, ctx.dist
-    dist.init_process_group(ctx.backend, store=ctx.store("shutdown"), rank=ctx.rank,
-                            world_size=ctx.size, timeout=ctx.timeout)
+    _init(ctx, "shutdown")
     ts = [torch.full((1000 + i,), float(ctx.rank + 1)) for i in range(8)]
     works = [dist.all_reduce(t, async_op=True) for t in ts]
     ctx.backend_object().shutdown()
@@ -97,21 +95,14 @@ def _lonely_after_set_timeout(ctx):
     """set_timeout(1 s) on a 30 s group: rank 0's lonely allreduce fails after 1 s."""
     import datetime
 
-    torch, dist = ctx.torch, ctx.dist
-    dist.init_process_group(ctx.backend, store=ctx.store("settimeout"), rank=ctx.rank,
-                            world_size=ctx.size, timeout=ctx.timeout)
+    _init(ctx, "settimeout")
     ctx.backend_object().set_timeout(datetime.timedelta(seconds=1))
     outcome = None
     if ctx.rank == 0:
-        t0 = time.monotonic()
-        try:
-            dist.all_reduce(torch.ones(4))
-            outcome = ("no error", time.monotonic() - t0)
-        except RuntimeError as e:
-            outcome = (str(e), time.monotonic() - t0)
+        outcome = H.timed_allreduce(ctx)
     else:
         time.sleep(3.0)
-    dist.destroy_process_group()
+    ctx.dist.destroy_process_group()
     return outcome
 
 

@@ -123,21 +123,11 @@ def test_bitwise_op_on_float(world):
 # -- lifecycle cases: each in a world of its own ---------------------------------
 
 
-def _timed_allreduce(ctx):
-    """(error message or "no error", seconds) of one allreduce of 4 ones."""
-    t0 = time.monotonic()
-    try:
-        ctx.dist.all_reduce(ctx.torch.ones(4))
-        return ("no error", time.monotonic() - t0)
-    except RuntimeError as e:
-        return (str(e), time.monotonic() - t0)
-
-
 def _lonely_allreduce(ctx):
     """Rank 0 enters an allreduce that rank 1 never joins."""
     if ctx.rank != 0:
         return None
-    return _timed_allreduce(ctx)
+    return H.timed_allreduce(ctx)
 
 
 def test_peer_timeout_then_clean_exit():
@@ -161,7 +151,7 @@ def _die_or_allreduce(ctx):
     if ctx.rank == 1:
         os._exit(1)
     time.sleep(0.5)  # let rank 1 be gone before the collective starts
-    return _timed_allreduce(ctx)
+    return H.timed_allreduce(ctx)
 
 
 def test_dead_peer_is_reported_quickly():
