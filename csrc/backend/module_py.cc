@@ -138,7 +138,7 @@ PYBIND11_MODULE(_C, m) {
            }),
            py::arg("store"), py::arg("rank"), py::arg("size"), py::arg("timeout"),
            py::call_guard<py::gil_scoped_release>())
-      .def("_shutdown", &braid::ProcessGroupBraid::shutdownNow,
+      .def("_shutdown", &braid::ProcessGroupBraid::abort,
            py::call_guard<py::gil_scoped_release>())
       // torch 2.8+ binds these on Backend already; older torch gets them here.
       .def("shutdown", &braid::ProcessGroupBraid::shutdown,

@@ -59,11 +59,7 @@ ProcessGroupBraid::ProcessGroupBraid(const c10::intrusive_ptr<c10d::Store>& stor
                                     << " ranks ready (shared memory)";
 }
 
-ProcessGroupBraid::~ProcessGroupBraid() { shutdownNow(); }
-
-void ProcessGroupBraid::shutdownNow() {
-  if (engine_) engine_->shutdown();
-}
+ProcessGroupBraid::~ProcessGroupBraid() { abort(); }
 
 void ProcessGroupBraid::shutdown() {
   if (!engine_) return;
@@ -71,7 +67,9 @@ void ProcessGroupBraid::shutdown() {
   engine_->shutdown();
 }
 
-void ProcessGroupBraid::abort() { shutdownNow(); }
+void ProcessGroupBraid::abort() {
+  if (engine_) engine_->shutdown();
+}
 
 void ProcessGroupBraid::setTimeout(std::chrono::milliseconds timeout) {
   BRAID_ENFORCE(timeout.count() > 0, "set_timeout", getRank(),
@@ -117,6 +115,7 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupBraid::launch(c10d::OpType type, cons
 }
 
 c10::intrusive_ptr<c10d::Work> ProcessGroupBraid::tracked(c10::intrusive_ptr<c10d::Work> work) {
+  if (!coalescing_.load(std::memory_order_acquire)) return work;  // the common case: no lock
   std::lock_guard<std::mutex> lock(coalesceMu_);
   if (coalescing_) coalesced_.push_back(work);
   return work;

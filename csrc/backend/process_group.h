@@ -92,9 +92,6 @@ class ProcessGroupBraid : public compat::BackendBase {
   void setSequenceNumberForGroup() override {}
   uint64_t getSequenceNumberForGroup() override;
 
-  // Stops the worker and fails queued work; later calls throw.
-  void shutdownNow();
-
   // Note [Overrides that depend on the torch version]
   // c10d::Backend gained these virtuals over torch 2.x (abort and shutdown
   // by 2.8; destroy_process_group calls shutdown). They are declared without
@@ -145,7 +142,8 @@ class ProcessGroupBraid : public compat::BackendBase {
   std::atomic<int64_t> timeoutMs_;
   std::atomic<uint64_t> launched_{0};
   std::mutex coalesceMu_;
-  bool coalescing_ = false;
+  // Read without the lock on every op (tracked()); changed under it.
+  std::atomic<bool> coalescing_{false};
   std::vector<c10::intrusive_ptr<c10d::Work>> coalesced_;
   std::atomic<uint64_t> monitoredBarriers_{0};  // numbers each call's messages
   std::unique_ptr<Engine> engine_;
