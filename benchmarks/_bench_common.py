@@ -32,6 +32,7 @@ What is here:
 
 import contextlib
 import ctypes
+import faulthandler
 import itertools
 import math
 import os
@@ -43,7 +44,9 @@ import statistics
 import subprocess
 import sys
 import tempfile
+import threading
 import time
+import traceback
 
 _UNITS = {"": 1, "K": 1 << 10, "M": 1 << 20, "G": 1 << 30}
 
@@ -188,6 +191,51 @@ def _stop(procs):
         except subprocess.TimeoutExpired:
             p.kill()
             p.wait()
+
+
+def run_rank(worker, args):
+    """worker(args)'s exit code; 1, after printing the traceback, if it raised."""
+    try:
+        return worker(args)
+    except SystemExit as e:
+        return e.code if isinstance(e.code, int) else (0 if e.code is None else 1)
+    except BaseException:  # KeyboardInterrupt too: end_rank exits next
+        traceback.print_exc()
+        return 1
+
+
+def end_rank(rc, grace_s=30.0, destroy=None):
+    """Ends a rank's process: destroys its process groups, then exits with `rc` at once.
+
+    Note [Bounded teardown]
+    A rank's work is done (results printed and saved) before it tears down, yet tearing down
+    has hung: in CI, both ranks of a 2-rank gloo run on torch 2.6 reported a wrong result and
+    then stayed alive until the test's 240 s limit, and torch 1.13 can deadlock in interpreter
+    finalization when a gloo thread frees a Python-owned tensor (pytorch #75097 and #190489
+    report hangs in both places). So a rank skips finalization (os._exit), and a watchdog bounds
+    destroy_process_group: after `grace_s` it prints every thread's stack, so the hang can be
+    diagnosed, and exits with the run's own code, so a failed run still reads as failed.
+    """
+    def watchdog():
+        time.sleep(grace_s)
+        print(f"bench: tearing down the process groups took over {grace_s:.0f} s; exiting "
+              f"with {rc}. Stacks:", file=sys.stderr, flush=True)
+        faulthandler.dump_traceback(file=sys.stderr, all_threads=True)
+        os._exit(rc)
+
+    threading.Thread(target=watchdog, name="bench-teardown", daemon=True).start()
+    try:
+        if destroy is None:
+            import torch.distributed as dist
+
+            if dist.is_initialized():
+                dist.destroy_process_group()
+        else:
+            destroy()  # tests stand in a teardown that hangs
+    finally:
+        sys.stdout.flush()
+        sys.stderr.flush()
+        os._exit(rc)
 
 
 class BenchFailure(Exception):

@@ -650,8 +650,6 @@ def worker(args):
         if info.rank == 0 or not e.agreed:
             print(f"\nbench: {e}", file=sys.stderr, flush=True)
         return 3
-    finally:
-        dist.destroy_process_group()
 
 
 def main(argv=None):
@@ -662,7 +660,7 @@ def main(argv=None):
     if not bc.is_worker():
         os.environ.update(RANK="0", WORLD_SIZE="1", MASTER_ADDR="127.0.0.1",
                           MASTER_PORT=str(bc.free_port()))
-    return worker(args)
+    bc.end_rank(bc.run_rank(worker, args))  # Note [Bounded teardown]
 
 
 if __name__ == "__main__":

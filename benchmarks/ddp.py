@@ -254,10 +254,7 @@ def worker(args):
         else:
             report([part], args)
     dist.barrier()
-    for b in backends:
-        dist.destroy_process_group(b.group)
-    dist.destroy_process_group()
-    return 0
+    return 0  # main() destroys the groups: Note [Bounded teardown] in _bench_common.py
 
 
 # ---- report --------------------------------------------------------------------------------------
@@ -383,12 +380,7 @@ def parse_args(argv=None):
 def main(argv=None):
     args = parse_args(argv)
     if bc.is_worker():  # torchrun, or a child of ours
-        rc = worker(args)
-        # Skip interpreter finalization: torch 1.13 can deadlock there when a gloo
-        # worker thread frees a Python-owned tensor while the main thread joins it.
-        sys.stdout.flush()
-        sys.stderr.flush()
-        os._exit(rc)
+        bc.end_rank(bc.run_rank(worker, args))  # Note [Bounded teardown]
     parts = []
     with tempfile.TemporaryDirectory(prefix="braid-ddp-bench-") as tmp:
         for n in args.ranks:

@@ -160,7 +160,7 @@ def test_two_ranks_run_writes_json_and_plot(tmp_path):
         "--dtypes", "fp32", "--warmup", "1", "--min-iters", "2", "--rounds", "2",
         "--time-per-point", "0.01",
         "--memcpy-bytes", "4M", "--env", "BENCH_TEST_KNOB=a,b", "--json", str(js),
-        "--plot", str(png), "--no-progress"])
+        "--plot", str(png), "--no-progress", "--timeout", "60"])
     assert rc == 0, f"{out}\n{err}"
     assert "# allreduce fp32" in out and "busbw" in out
     report = json.loads(js.read_text())
@@ -195,7 +195,18 @@ def test_wrong_result_fails_the_run_loudly():
     rc, out, err = run_bench([
         "--nprocs", "2", "--backends", "gloo", "--sizes", "4K", "--ops", "allreduce,alltoall",
         "--warmup", "1", "--min-iters", "1", "--time-per-point", "0.01", "--memcpy-bytes", "1M",
-        "--no-progress", "--inject-wrong-result", "alltoall"])
+        "--no-progress", "--inject-wrong-result", "alltoall", "--timeout", "60"])
     assert rc == 3, f"{out}\n{err}"
     assert "WRONG RESULT: op=alltoall dtype=fp32 size=4096 B backend=gloo" in err
     assert "# allreduce fp32" in out  # the points before the wrong one were reported
+
+
+def test_a_hung_teardown_ends_the_rank_with_its_code():
+    """Note [Bounded teardown]: a rank whose destroy_process_group hangs still exits, with the
+    run's own code, and prints the stacks that show where it hung."""
+    code = ("import sys, time; sys.path.insert(0, %r); import _bench_common as bc; "
+            "bc.end_rank(3, grace_s=0.5, destroy=lambda: time.sleep(120))" % os.path.dirname(BENCH))
+    p = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
+    assert p.returncode == 3, p.stderr
+    assert "tearing down the process groups took over 0 s" in p.stderr
+    assert "time.sleep(120)" in p.stderr or "<lambda>" in p.stderr, p.stderr
