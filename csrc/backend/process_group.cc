@@ -10,6 +10,7 @@
 #include "common/error.h"
 #include "common/logging.h"
 #include "transport/host.h"
+#include "transport/topology.h"
 #include "transport/shm/window.h"
 
 namespace braid {
@@ -19,25 +20,14 @@ using collectives::OpKind;
 
 namespace {
 
-std::string bytesToString(const std::vector<uint8_t>& v) { return {v.begin(), v.end()}; }
-
-// Note [Same-host membership]
-// Whether the ranks of a group share memory is decided per group, from the
-// host identity each rank publishes through the group's store, never from
-// LOCAL_WORLD_SIZE or similar: those describe the launch, not the group, and
-// are wrong for subgroups and hybrid layouts.
-void checkSameHost(transport::Store& store, int rank, int size, std::chrono::milliseconds timeout) {
-  std::string mine = transport::hostIdentity();
-  store.set("host/" + std::to_string(rank), {mine.begin(), mine.end()});
-  for (int r = 0; r < size; ++r) {
-    std::string theirs = bytesToString(store.get("host/" + std::to_string(r), timeout));
-    if (theirs != mine) {
-      BRAID_THROW(Error, "init", rank, "group spans hosts: rank ", rank, " runs on '", mine,
-                  "' and rank ", r, " on '", theirs,
-                  "'; braid supports groups within one host for now (its TCP transport is not "
-                  "available yet): use gloo for this group");
-    }
-  }
+// Groups across hosts need the TCP transport (not built yet): refuse them
+// with the layout, which the topology has decided (Note [Group topology]).
+void requireOneHost(const transport::Topology& topo, int rank) {
+  if (topo.singleHost()) return;
+  BRAID_THROW(Error, "init", rank, "group spans hosts: rank ", rank, " runs on '",
+              topo.identityOf(topo.host()), "' and the group has ", topo.describe(),
+              "; braid supports groups within one host for now (its TCP transport is not "
+              "available yet): use gloo for this group");
 }
 
 }  // namespace
@@ -50,7 +40,9 @@ ProcessGroupBraid::ProcessGroupBraid(const c10::intrusive_ptr<c10d::Store>& stor
   // incarnations and keep each one's keys apart.
   int64_t ticket = store->add("braid/incarnation", 1);
   StoreAdapter adapted(store, "braid/" + std::to_string((ticket - 1) / size) + "/");
-  checkSameHost(adapted, rank, size, timeout);
+  auto topology =
+      transport::exchangeTopology(adapted, rank, size, transport::hostIdentity(), timeout);
+  requireOneHost(topology, rank);
   transport::shm::WindowOptions opts;
   opts.timeout = timeout;
   engine_ = std::make_unique<Engine>(transport::shm::ShmWindow::create(adapted, rank, size, opts),
