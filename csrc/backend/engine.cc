@@ -2,11 +2,11 @@
 
 #include <sched.h>
 
+#include "common/cpu_relax.h"
 #include "common/error.h"
 #include "common/logging.h"
 #include "common/settings.h"
 #include "common/thread_name.h"
-#include "transport/shm/futex.h"
 
 namespace braid {
 
@@ -109,7 +109,7 @@ void Engine::loop() {
     auto until = std::chrono::steady_clock::now() + spin;
     while (q.queued.load(std::memory_order_acquire) == 0 &&
            std::chrono::steady_clock::now() < until) {
-      for (int i = 0; i < 32; ++i) transport::shm::cpuRelax();
+      for (int i = 0; i < 32; ++i) cpuRelax();
     }
     Job job;
     {

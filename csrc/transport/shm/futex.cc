@@ -21,14 +21,6 @@ long futex(std::atomic<uint32_t>* addr, int op, uint32_t val, const struct times
 
 }  // namespace
 
-void cpuRelax() {
-#if defined(__x86_64__) || defined(__i386__)
-  __builtin_ia32_pause();
-#elif defined(__aarch64__)
-  asm volatile("yield" ::: "memory");
-#endif
-}
-
 void Counter::publish(uint64_t v) {
   value.store(v, std::memory_order_release);
   poke();

@@ -14,6 +14,8 @@
 #include <chrono>
 #include <cstdint>
 
+#include "common/cpu_relax.h"
+
 namespace braid {
 namespace transport {
 namespace shm {
@@ -39,9 +41,6 @@ WaitResult waitAtLeast(Counter& c, uint64_t target, std::chrono::microseconds sl
 
 // Sleeps until the futex word changes from `seen` or the slice passes.
 void sleepOnWord(Counter& c, uint32_t seen, std::chrono::microseconds slice);
-
-// One spin iteration's pause.
-void cpuRelax();
 
 }  // namespace shm
 }  // namespace transport
