@@ -106,9 +106,9 @@ def _torchft_flow(ctx, how, quorum):
     torch = ctx.torch
     ch = H.Checker(ctx)
     rank = ctx.rank
-    coord = ctx.store("coord")  # the test's own signalling, outside the groups
+    coord = ctx.store(f"{how}/coord")  # the test's own signalling, outside the groups
     ft = BraidFT(ctx, datetime.timedelta(seconds=30))
-    ft.configure("q0", rank, ctx.size)
+    ft.configure(f"{how}/q0", rank, ctx.size)
     _train(ft, ch, rank, list(range(ctx.size)), 0, "q0")
     ch.true("healthy group: errored() is None", ft.errored() is None, repr(ft.errored()))
 
@@ -143,7 +143,7 @@ def _torchft_flow(ctx, how, quorum):
     # Reconfigure: every rank aborts its group and builds a new one.
     members = [0, 1] if quorum == "survivors" else [0, 1, 2]
     if rank in members:
-        ft.configure("q1", members.index(rank), len(members))
+        ft.configure(f"{how}/q1", members.index(rank), len(members))
         ch.true("new group: errored() is None", ft.errored() is None, repr(ft.errored()))
         _train(ft, ch, members.index(rank), list(range(len(members))), STEPS, "q1")
     ft.abort()
@@ -152,16 +152,20 @@ def _torchft_flow(ctx, how, quorum):
     return ch.report(), failure, elapsed
 
 
+@pytest.fixture(scope="module")
+def ft_world():
+    """3 ranks without a default group; both cases use it in turn (fresh prefixes)."""
+    world = H.World(3, init=False, pg_timeout=30.0, name="torchft")
+    yield world
+    codes = world.close(timeout=30)
+    assert set(codes.values()) == {0}, codes
+    assert not world.leaks, world.leaks
+
+
 @pytest.mark.braid_only
 @pytest.mark.parametrize("how,quorum", [("timeout", "survivors"), ("abort", "all")])
-def test_torchft_reconfigure_after_failure(how, quorum):
-    world = H.World(3, init=False, pg_timeout=30.0, name=f"torchft-{how}")
-    try:
-        results = world.run(_torchft_flow, how, quorum, timeout=120)
-    finally:
-        codes = world.close(timeout=30)
+def test_torchft_reconfigure_after_failure(ft_world, how, quorum):
+    results = ft_world.run(_torchft_flow, how, quorum, timeout=120)
     H.check_reports([r[0] for r in results])
     for rank in (0, 1):
         print(f"rank {rank}: op failed after {results[rank][2]:.2f} s: {results[rank][1]}")
-    assert set(codes.values()) == {0}, codes
-    assert not world.leaks, world.leaks
