@@ -13,7 +13,8 @@ the ProcessGroup).
 The flow, over 3 ranks: train a few steps (allreduce sums checked); rank 2
 stops answering; ranks 0 and 1 see their op fail, either by timeout
 (set_timeout(1 s)) or because another thread calls abort() while they wait
-(group timeout 30 s); errored() reports why; every rank then reconfigures
+(group timeout 30 s; the blocked op and two queued behind it all fail at
+once); errored() reports why; every rank then reconfigures
 under a new prefix (a quorum of the two survivors, or of all three with rank
 2 back) and trains on with correct sums. Nothing is left: no braid threads, no
 /dev/shm entries.
@@ -75,13 +76,13 @@ class BraidFT:
             self.backend.shutdown()
         self.pg = self.backend = None
 
-    def allreduce_sum(self, t):
+    def allreduce_sum(self, t, async_op=False):
         import torch.distributed as dist
 
         opts = dist.AllreduceOptions()
         opts.reduceOp = dist.ReduceOp.SUM
-        self.pg.allreduce([t], opts).wait()
-        return t
+        work = self.pg.allreduce([t], opts)
+        return work if async_op else work.wait()
 
 
 def _train(ft, ch, rank, members, first_step, tag):
@@ -125,15 +126,22 @@ def _torchft_flow(ctx, how, quorum):
             timer = threading.Timer(0.5, ft.abort)  # torchft's watchdog does this
             timer.start()
         t0 = time.monotonic()
-        try:
-            ft.allreduce_sum(torch.ones(8))
-        except RuntimeError as e:
-            failure = str(e)
+        # The first op waits for rank 2; with abort, two more are queued behind it.
+        works = [ft.allreduce_sum(torch.ones(8), async_op=True)
+                 for _ in range(1 if how == "timeout" else 3)]
+        failures = []
+        for w in works:
+            try:
+                w.wait()
+            except RuntimeError as e:
+                failures.append(str(e))
         elapsed = time.monotonic() - t0
+        failure = failures[0] if failures else None
+        ch.true("every pending and queued op failed", len(failures) == len(works),
+                f"{len(works) - len(failures)} of {len(works)} returned normally")
         if timer is not None:
             timer.join()
         err = ft.errored()
-        ch.true("the op failed", failure is not None, "the allreduce returned normally")
         ch.true("it failed in time", elapsed < 5.0, f"after {elapsed:.1f} s")
         ch.true("errored() is an exception", isinstance(err, RuntimeError), repr(err))
         want = "Timed out" if how == "timeout" else "aborted"
