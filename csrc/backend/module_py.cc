@@ -122,6 +122,21 @@ void requireTorchsPybind11() {
 }
 }  // namespace
 
+namespace {
+// errored() as torchft expects it: an exception object or None. The type is
+// the one braid's failed ops raise (compat::asTorchError): DistBackendError
+// where torch has it, else RuntimeError.
+py::object erroredAsException(const braid::ProcessGroupBraid& pg) {
+  std::string why = pg.errored();
+  if (why.empty()) return py::none();
+  py::object dist = py::module::import("torch.distributed");
+  py::object type = py::hasattr(dist, "DistBackendError")
+                        ? dist.attr("DistBackendError")
+                        : py::module::import("builtins").attr("RuntimeError");
+  return type(why);
+}
+}  // namespace
+
 PYBIND11_MODULE(_C, m) {
   requireTorchsPybind11();
   braid::setBlockingCallWrapper(&releaseGilAround);
@@ -147,7 +162,10 @@ PYBIND11_MODULE(_C, m) {
       .def("abort", &braid::ProcessGroupBraid::abort, py::call_guard<py::gil_scoped_release>(),
            "Fails every pending and queued op now; ranks blocked in an op return at once.")
       .def("set_timeout", &braid::ProcessGroupBraid::setTimeout, py::arg("timeout"),
-           "The timeout of ops issued from now on (ops already issued keep theirs).");
+           "The timeout of ops issued from now on (ops already issued keep theirs).")
+      .def("errored", &erroredAsException,
+           "torchft's errored(): the error that made the group unusable (a timeout, a lost "
+           "peer, abort()), as an exception object, or None while the group is usable.");
   m.def("build_info", &buildInfo);
   m.def("settings", &settings);
   for (auto& part : braid::python::parts()) part.second(m);

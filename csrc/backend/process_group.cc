@@ -60,7 +60,14 @@ void ProcessGroupBraid::shutdown() {
 }
 
 void ProcessGroupBraid::abort() {
+  firstError_->record("braid: the group was aborted (abort() on rank " +
+                      std::to_string(getRank()) + ")");
   if (engine_) engine_->shutdown();
+}
+
+std::string ProcessGroupBraid::errored() const {
+  std::lock_guard<std::mutex> lock(firstError_->mu);
+  return firstError_->what;
 }
 
 void ProcessGroupBraid::setTimeout(std::chrono::milliseconds timeout) {
@@ -86,15 +93,17 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupBraid::launch(c10d::OpType type, cons
   launched_.fetch_add(1);
   Engine* engine = engine_.get();
   Engine::Job job;
-  job.run = [engine, body = std::move(body)]() -> std::exception_ptr {
+  job.run = [engine, errors = firstError_, body = std::move(body)]() -> std::exception_ptr {
     try {
       body();
       return nullptr;
     } catch (const TimeoutError& e) {
       engine->comm().markBroken(e.what());  // ranks are out of step now
+      errors->record(e.what());
       return std::current_exception();
     } catch (const PeerLostError& e) {
       engine->comm().markBroken(e.what());
+      errors->record(e.what());
       return std::current_exception();
     } catch (...) {
       return std::current_exception();

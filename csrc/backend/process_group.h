@@ -108,6 +108,12 @@ class ProcessGroupBraid : public compat::BackendBase {
   // torch 2.14's Backend::setTimeout (torchft's set_timeout): the timeout of
   // ops issued from now on. Same Note as above for the missing `override`.
   void setTimeout(std::chrono::milliseconds timeout);  // NOLINT(modernize-use-override)
+  // torchft's errored(): why the group can no longer be used, or "" while it
+  // can. The first error that broke it (a timeout or a lost peer, which leave
+  // the ranks out of step), else abort(). From any thread; torchft then
+  // aborts the group and builds a new one over a fresh store prefix
+  // (tests/python/test_torchft.py follows that flow).
+  std::string errored() const;
   // Note [Coalescing] (backend/coalesced_work.h); same Note as above for the
   // missing `override`.
   bool supportsCoalescing() const { return true; }  // NOLINT(modernize-use-override)
@@ -139,7 +145,20 @@ class ProcessGroupBraid : public compat::BackendBase {
     return std::chrono::milliseconds(timeoutMs_.load(std::memory_order_relaxed));
   }
 
+  // The first error that broke the group, for errored(); the worker records
+  // it, any thread reads it.
+  struct FirstError {
+    std::mutex mu;
+    std::string what;
+    void record(const std::string& why) {
+      std::lock_guard<std::mutex> lock(mu);
+      if (what.empty()) what = why;
+    }
+  };
+
   std::atomic<int64_t> timeoutMs_;
+  // Shared with the jobs, which may finish on a caller's thread.
+  std::shared_ptr<FirstError> firstError_ = std::make_shared<FirstError>();
   std::atomic<uint64_t> launched_{0};
   std::mutex coalesceMu_;
   // Read without the lock on every op (tracked()); changed under it.

@@ -93,4 +93,31 @@ TEST(Backend, OneRankFailingLocallyFailsThePeerFast) {
   });
 }
 
+// torchft's errored(): empty while the group is usable (argument errors
+// leave it usable), then the first error that broke it.
+TEST(Backend, ErroredReportsTheErrorThatBrokeTheGroup) {
+  auto pgs = makeGroup(2);
+  for (auto& pg : pgs) EXPECT_EQ(pg->errored(), "");
+  onRanks(2, [&](int r) {
+    std::vector<at::Tensor> cplx{at::ones({2}, at::kComplexFloat)};
+    EXPECT_ANY_THROW(pgs[r]->allreduce(cplx));  // rejected on the caller's thread
+    std::vector<at::Tensor> ok{at::ones({2})};
+    pgs[r]->allreduce(ok)->wait();  // each rank's poison header reached the other
+  });
+  for (auto& pg : pgs) EXPECT_EQ(pg->errored(), "");
+
+  // Rank 0 allreduces alone: it times out, which breaks the group for it.
+  pgs[0]->setTimeout(std::chrono::milliseconds(200));
+  std::vector<at::Tensor> t{at::ones({4})};
+  EXPECT_ANY_THROW(pgs[0]->allreduce(t)->wait());
+  EXPECT_NE(pgs[0]->errored().find("Timed out after 200 ms"), std::string::npos)
+      << pgs[0]->errored();
+  pgs[0]->abort();  // the first error stays
+  EXPECT_NE(pgs[0]->errored().find("Timed out"), std::string::npos) << pgs[0]->errored();
+
+  EXPECT_EQ(pgs[1]->errored(), "");
+  pgs[1]->abort();
+  EXPECT_NE(pgs[1]->errored().find("aborted"), std::string::npos) << pgs[1]->errored();
+}
+
 }  // namespace
