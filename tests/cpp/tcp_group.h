@@ -127,6 +127,7 @@ class FakePeer {
       auto s = hs.advance(fd_);  // blocking socket: each call finishes a step
       if (s == transport::tcp::Handshake::Step::kDone) break;
       if (s == transport::tcp::Handshake::Step::kFailed || Clock::now() > deadline) {
+        closeNow();
         throw Error("FakePeer handshake failed: " + hs.why());
       }
     }

@@ -109,6 +109,10 @@ void TcpTransport::expireHandshakes() {
   }
   for (Conn* c : late) {
     if (c->fd < 0) continue;
+    if (c->dialer && !c->holdsSlot) {
+      closeConn(c);  // a dial that lost its socket to the peer's
+      continue;
+    }
     if (c->dialer) {
       failPair(*pairs_[c->peer], strCat("socket ", c->index, ": no answer to the handshake within ",
                                         opt_.timeout.count(), " ms"));

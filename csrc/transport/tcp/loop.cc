@@ -146,6 +146,7 @@ void TcpTransport::onEvent(Conn* c, uint32_t events) {
   if (c->ready) return onReadyEvent(*c, events);
   if (c->connecting) {
     std::string err = dialResult(c->fd);
+    if (!err.empty() && !c->holdsSlot) return closeConn(c);  // a dial that lost anyway
     if (!err.empty()) {
       return failPair(*pairs_[c->peer], strCat("connecting socket ", c->index, ": ", err));
     }
@@ -169,11 +170,12 @@ void TcpTransport::onHandshake(Conn* c) {
           (p.slots[idx] == Pair::Slot::kDialing && p.peer > rank_)) {
         r = Refusal::kDuplicate;
       } else if (p.slots[idx] == Pair::Slot::kDialing) {
-        Conn* mine = nullptr;  // our own dial of this socket loses to the lower rank's
+        // Our own dial of this socket loses to the lower rank's. It is left to
+        // run: the peer refuses it as a duplicate, and both sides close it
+        // quietly (closing it now would look like a failed handshake there).
         for (auto& d : pending_) {
-          if (d->dialer && d->peer == p.peer && d->index == idx) mine = d.get();
+          if (d->dialer && d->peer == p.peer && d->index == idx) d->holdsSlot = false;
         }
-        if (mine) closeConn(mine);
       }
       if (r == Refusal::kNone) {
         c->peer = p.peer;
@@ -185,8 +187,8 @@ void TcpTransport::onHandshake(Conn* c) {
       continue;
     }
     // Failed.
-    if (c->dialer && c->hs->refusedAsDuplicate()) {
-      return closeConn(c);  // the peer's own dial of this socket wins
+    if (c->dialer && (c->hs->refusedAsDuplicate() || !c->holdsSlot)) {
+      return closeConn(c);  // the lower rank's dial of this socket won
     }
     if (c->dialer) {
       return failPair(*pairs_[c->peer], strCat("socket ", c->index, ": ", c->hs->why()));
@@ -194,13 +196,6 @@ void TcpTransport::onHandshake(Conn* c) {
     if (c->hs->refusedAsDuplicate() || c->hs->why().rfind("duplicate", 0) == 0) {
       BRAID_LOG(kDebug, "tcp", rank_) << "refused a second dial of socket " << c->hs->index()
                                       << " from " << peerName(c->hs->peer()) << " (ours wins)";
-      return closeConn(c);
-    }
-    if (c->hs->peer() >= 0 && c->hs->index() >= 0 &&
-        pairs_[c->hs->peer()]->slots[c->hs->index()] != Pair::Slot::kEmpty) {
-      // Most likely the peer gave up its dial because ours won the socket.
-      BRAID_LOG(kDebug, "tcp", rank_) << "a second dial of socket " << c->hs->index() << " from "
-                                      << c->address << " ended: " << c->hs->why();
       return closeConn(c);
     }
     std::string claim = c->hs->peer() >= 0 ? strCat(" (claiming rank ", c->hs->peer(), ")") : "";
@@ -217,6 +212,7 @@ void TcpTransport::onHandshake(Conn* c) {
 
 void TcpTransport::becomeReady(Conn* c) {
   Pair& p = *pairs_[c->peer];
+  if (!c->holdsSlot || p.failed) return closeConn(c);  // a dial that lost its socket
   auto it = std::find_if(pending_.begin(), pending_.end(), [&](auto& u) { return u.get() == c; });
   std::unique_ptr<Conn> owned = std::move(*it);
   pending_.erase(it);
