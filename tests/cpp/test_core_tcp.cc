@@ -8,6 +8,8 @@
 #include <random>
 #include <thread>
 
+#include "transport/tcp/frame.h"
+
 #include "tcp_group.h"
 
 namespace braid {
@@ -168,6 +170,79 @@ TEST(TcpTransport, SizeMismatchFailsTheReceiveNamingBothAndThePairGoesOn) {
   }
   ts[1]->irecv(0, 6, in.data(), in.size())->wait(after(kWaitMs));
   EXPECT_TRUE(in == ok);
+}
+
+// The decoder alone (the fuzzer, tests/fuzz, drives it with arbitrary bytes).
+TEST(TcpFrame, RoundTripsAndRejectsEveryBrokenField) {
+  using namespace transport::tcp;
+  FrameHeader h;
+  h.source = 3, h.chunk = 70000, h.tag = ~uint64_t(0), h.seq = 5, h.total = 1 << 20, h.offset = 65536;
+  uint8_t b[kFrameHeaderBytes];
+  encodeFrame(h, b);
+  FrameHeader d;
+  std::string why;
+  ASSERT_EQ(decodeFrame(b, sizeof(b), &d, &why), DecodeStatus::kOk) << why;
+  EXPECT_TRUE(d.source == 3 && d.chunk == 70000 && d.tag == h.tag && d.seq == 5 &&
+              d.total == h.total && d.offset == 65536);
+  EXPECT_EQ(decodeFrame(b, sizeof(b) - 1, &d, &why), DecodeStatus::kNeedMore);
+  auto broken = [&](const std::function<void(FrameHeader&, uint8_t*)>& edit) {
+    FrameHeader x = h;
+    uint8_t y[kFrameHeaderBytes];
+    encodeFrame(x, y);
+    edit(x, y);
+    encodeFrame(x, y);
+    edit(x, y);  // byte edits survive the re-encode
+    std::string w;
+    EXPECT_EQ(decodeFrame(y, sizeof(y), &d, &w), DecodeStatus::kInvalid);
+    return w;
+  };
+  EXPECT_NE(broken([](FrameHeader&, uint8_t* y) { y[0] ^= 1; }).find("magic"), std::string::npos);
+  EXPECT_NE(broken([](FrameHeader&, uint8_t* y) { y[4] = 2; }).find("version 2"), std::string::npos);
+  EXPECT_NE(broken([](FrameHeader&, uint8_t* y) { y[5] = 0; }).find("opcode 0"), std::string::npos);
+  EXPECT_NE(broken([](FrameHeader&, uint8_t* y) { y[6] = 1; }).find("flags"), std::string::npos);
+  EXPECT_NE(broken([](FrameHeader& x, uint8_t*) { x.chunk = kMaxChunkBytes + 1; })
+                .find("largest chunk"), std::string::npos);
+  EXPECT_NE(broken([](FrameHeader& x, uint8_t*) { x.total = kMaxMessageBytes + 1; })
+                .find("largest message"), std::string::npos);
+  EXPECT_NE(broken([](FrameHeader& x, uint8_t*) { x.offset = ~uint64_t(0) - 10; })
+                .find("beyond the message"), std::string::npos);
+  EXPECT_NE(broken([](FrameHeader& x, uint8_t*) { x.offset = (1 << 20) - 100; })
+                .find("beyond the message"), std::string::npos);
+  EXPECT_NE(broken([](FrameHeader& x, uint8_t*) { x.chunk = 0; }).find("empty chunk"),
+            std::string::npos);
+  // Order on one socket, and a message's frames against its first one.
+  SocketOrder order(3);
+  EXPECT_TRUE(order.check(h, &why));
+  EXPECT_FALSE(order.check(h, &why));  // the same bytes again
+  EXPECT_NE(why.find("out-of-order"), std::string::npos) << why;
+  uint64_t received = (1 << 20) - 1000;
+  EXPECT_FALSE(checkMessage(h, h.tag, h.total, &received, &why));
+  EXPECT_NE(why.find("more than its total"), std::string::npos) << why;
+  received = 0;
+  EXPECT_TRUE(checkMessage(h, h.tag, h.total, &received, &why));
+  EXPECT_EQ(received, 70000u);
+}
+
+TEST(TcpOptions, InvalidValuesNameTheSetting) {
+  auto expectError = [](transport::tcp::TcpOptions o, const char* setting) {
+    try {
+      o.check(2);
+      ADD_FAILURE() << "no error for " << setting;
+    } catch (const Error& e) {
+      EXPECT_NE(std::string(e.what()).find(setting), std::string::npos) << e.what();
+      EXPECT_NE(std::string(e.what()).find("(rank 2)"), std::string::npos) << e.what();
+    }
+  };
+  auto o = tcpOptions("opts");
+  o.socketsPerPeer = 0;
+  expectError(o, "BRAID_TCP_SOCKETS_PER_PEER");
+  o = tcpOptions("opts");
+  o.chunkBytes = 1000;
+  expectError(o, "BRAID_TCP_CHUNK_BYTES");
+  o = tcpOptions("opts");
+  o.secret.clear();
+  o.requireAuth = true;
+  expectError(o, "BRAID_REQUIRE_AUTH");
 }
 
 }  // namespace
