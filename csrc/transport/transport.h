@@ -32,8 +32,9 @@
 //   must neither free it nor, for a receive, read it before then.
 // - Completion callbacks run on the transport's progress thread, once, after
 //   the Request is done. They must not block; they may post new ops.
-// - close() (and the destructor) must not run concurrently with posts; it
-//   fails what is still pending and joins the progress thread.
+// - close() (and the destructor) must not run concurrently with posts, nor
+//   inside a completion callback; it fails what is still pending and joins
+//   the progress thread.
 #pragma once
 
 #include <chrono>

@@ -37,6 +37,24 @@ std::string what(std::exception_ptr e) {
 
 void TcpTransport::loop() {
   nameThisThread("braid-tcp");
+  try {
+    progress();
+  } catch (const std::exception& e) {
+    // Out of memory, or a system call that cannot fail did: nothing more can
+    // move, so every op fails now rather than at its deadline.
+    std::string why = strCat("the progress thread failed: ", e.what());
+    BRAID_LOG(kError, "tcp", rank_) << why;
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      aborted_ = true;
+      abortWhy_ = why;
+    }
+    teardown("aborted: " + why);
+  }
+  graveyard_.clear();
+}
+
+void TcpTransport::progress() {
   if (opt_.connect == ConnectMode::kEager) {
     for (int p = 0; p < rank_; ++p) activate(*pairs_[p]);
   }
@@ -71,7 +89,6 @@ void TcpTransport::loop() {
     graveyard_.clear();
   }
   teardown("the transport is closed");
-  graveyard_.clear();
 }
 
 void TcpTransport::adoptPosts() {

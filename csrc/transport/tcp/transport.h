@@ -65,6 +65,7 @@ class TcpTransport : public Transport {
 
   // Progress thread (tcp/loop.cc).
   void loop();
+  void progress();
   void adoptPosts();
   void activate(Pair& p);
   void dial(Pair& p, int index);
