@@ -245,5 +245,21 @@ TEST(TcpOptions, InvalidValuesNameTheSetting) {
   expectError(o, "BRAID_REQUIRE_AUTH");
 }
 
+TEST(TcpOptions, ListeningAddressFromTheInterfaceOrTheRouteToTheStore) {
+  using transport::tcp::chooseHost;
+  EXPECT_EQ(chooseHost("", "", 0), "127.0.0.1");
+  EXPECT_EQ(chooseHost("lo", "", 0), "127.0.0.1");
+  EXPECT_EQ(chooseHost("", "127.0.0.1", 0), "127.0.0.1");
+  try {
+    chooseHost("no-such-if0", "", 3);
+    ADD_FAILURE() << "no error for a missing interface";
+  } catch (const Error& e) {
+    std::string m = e.what();
+    EXPECT_NE(m.find("BRAID_SOCKET_IFNAME='no-such-if0'"), std::string::npos) << m;
+    EXPECT_NE(m.find("lo"), std::string::npos) << m;  // the interfaces there are
+    EXPECT_NE(m.find("(rank 3)"), std::string::npos) << m;
+  }
+}
+
 }  // namespace
 }  // namespace braid

@@ -213,7 +213,10 @@ std::string Pair::onReadable(Conn& c) {
     if (!c.inPayload) {
       while (c.rhave < kFrameHeaderBytes) {
         ssize_t n = ::recv(c.fd, c.rhdr + c.rhave, kFrameHeaderBytes - c.rhave, 0);
-        if (n == 0 && c.rhave == 0) return (c.eof = true), "";
+        if (n == 0 && c.rhave == 0) {
+          c.eof = true;  // between frames: the transport decides (TcpTransport::settle)
+          return "";
+        }
         if (n == 0) return "closed the connection in the middle of a frame header";
         if (n < 0 && (errno == EAGAIN || errno == EWOULDBLOCK)) return "";
         if (n < 0 && errno == EINTR) continue;
@@ -232,12 +235,16 @@ std::string Pair::onReadable(Conn& c) {
       std::string why;
       c.msg = locate(c.cur, &why);
       if (!why.empty()) return why;
-      if (!c.msg) return (c.stalled = true), "";
+      if (!c.msg) {
+        c.stalled = true;  // an earlier message is not known yet
+        return "";
+      }
     }
     InMsg& m = *c.msg;
     if (!m.recv && !m.discard && !m.buffered && m.total > 0) {
       if (!c.peerClosing && sh_.unexpectedBytes + m.total > sh_.maxUnexpected) {
-        return (c.stalled = true), "";
+        c.stalled = true;  // no receive and no room: wait for either
+        return "";
       }
       m.buf.resize(m.total);
       m.buffered = true;
