@@ -113,6 +113,18 @@ TEST_F(TcpFaults, RequireAuthWithoutASecretFailsNamingTheSetting) {
   }
 }
 
+TEST_F(TcpFaults, APeerThatNeverComesTimesOutNamingIt) {
+  auto o = tcpOptions("absent");
+  o.timeout = std::chrono::milliseconds(300);
+  testing::MemoryStore store;
+  try {
+    transport::tcp::connect(store, 0, 2, o);
+    FAIL() << "expected a timeout";
+  } catch (const TimeoutError& e) {
+    EXPECT_HAS(std::string(e.what()), "tcp connect (rank 0): rank 1 published no address");
+  }
+}
+
 TEST_F(TcpFaults, StrangersAreRefusedAndLoggedAndTheGroupWorks) {
   auto o = tcpOptions("stranger");
   auto ts = connectGroup(2, [&](int) { return o; });

@@ -73,7 +73,13 @@ void TcpTransport::start(Store& store) {
   addrs_.resize(size_);
   for (int p = 0; p < size_; ++p) {
     auto left = std::chrono::duration_cast<std::chrono::milliseconds>(deadline - Clock::now());
-    auto v = store.get(addrKey(opt_.groupId, p), std::max(left, std::chrono::milliseconds(1)));
+    std::vector<uint8_t> v;
+    try {
+      v = store.get(addrKey(opt_.groupId, p), std::max(left, std::chrono::milliseconds(1)));
+    } catch (const TimeoutError& e) {
+      BRAID_THROW(TimeoutError, "tcp connect", rank_, "rank ", p, " published no address within ",
+                  opt_.timeout.count(), " ms (", e.what(), ")");
+    }
     addrs_[p].assign(v.begin(), v.end());
   }
   BRAID_LOG(kInfo, "tcp", rank_) << "listening on " << me << ", " << opt_.socketsPerPeer
