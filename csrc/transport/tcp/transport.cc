@@ -61,11 +61,13 @@ void TcpTransport::start(Store& store) {
   wakeFd_ = eventfd(0, EFD_NONBLOCK | EFD_CLOEXEC);
   BRAID_ENFORCE(epollFd_ >= 0 && wakeFd_ >= 0, "tcp connect", rank_, "epoll/eventfd: ",
                 std::strerror(errno));
-  for (auto [fd, tag] : {std::make_pair(listenFd_, &listenTag_), std::make_pair(wakeFd_, &wakeTag_)}) {
+  const int fds[] = {listenFd_, wakeFd_};
+  Conn* tags[] = {&listenTag_, &wakeTag_};
+  for (int i = 0; i < 2; ++i) {
     epoll_event ev{};
     ev.events = EPOLLIN;
-    ev.data.ptr = tag;
-    BRAID_ENFORCE(epoll_ctl(epollFd_, EPOLL_CTL_ADD, fd, &ev) == 0, "tcp connect", rank_,
+    ev.data.ptr = tags[i];
+    BRAID_ENFORCE(epoll_ctl(epollFd_, EPOLL_CTL_ADD, fds[i], &ev) == 0, "tcp connect", rank_,
                   "epoll_ctl: ", std::strerror(errno));
   }
   const std::string me = bound.str();
