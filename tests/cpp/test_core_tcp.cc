@@ -8,6 +8,7 @@
 #include <random>
 #include <thread>
 
+#include "common/settings.h"
 #include "transport/tcp/frame.h"
 
 #include "tcp_group.h"
@@ -259,6 +260,19 @@ TEST(TcpOptions, ListeningAddressFromTheInterfaceOrTheRouteToTheStore) {
     EXPECT_NE(m.find("lo"), std::string::npos) << m;  // the interfaces there are
     EXPECT_NE(m.find("(rank 3)"), std::string::npos) << m;
   }
+}
+
+TEST(TcpOptions, TheSecretIsNeverShownInTheSettingsList) {
+  ::setenv("BRAID_SECRET", "do-not-print-me", 1);
+  bool seen = false;
+  for (const auto& s : allSettings()) {
+    if (std::string(s.name) != "BRAID_SECRET") continue;
+    seen = true;
+    EXPECT_EQ(std::string(s.type), "secret");
+    EXPECT_EQ(s.currentValue().find("do-not-print-me"), std::string::npos) << s.currentValue();
+  }
+  ::unsetenv("BRAID_SECRET");
+  EXPECT_TRUE(seen);
 }
 
 }  // namespace

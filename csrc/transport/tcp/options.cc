@@ -25,7 +25,7 @@ BRAID_SETTING_INT(kUnexpectedBytes, "BRAID_TCP_UNEXPECTED_BYTES", 64 << 20,
 BRAID_SETTING_STRING(kIfname, "BRAID_SOCKET_IFNAME", "",
                      "Network interface whose address TCP listens on; unset: the address that "
                      "routes to the store's host.");
-BRAID_SETTING_STRING(kSecret, "BRAID_SECRET", "",
+BRAID_SETTING_SECRET(kSecret, "BRAID_SECRET",
                      "Per-job secret that authenticates every TCP connection (HMAC-SHA256); "
                      "never sent, never stored in the store. Prefer BRAID_SECRET_FILE.");
 BRAID_SETTING_STRING(kSecretFile, "BRAID_SECRET_FILE", "",
