@@ -37,7 +37,7 @@ void registerSetting(const SettingInfo& info) {
 
 std::string SettingInfo::currentValue() const {
   const char* v = envOrNull(name);
-  if (v && std::strcmp(type, "secret") == 0) return "(set, not shown)";
+  if (v && std::strcmp(type, "secret") == 0) return "<hidden>";
   return v ? std::string(v) : defaultValue;
 }
 
