@@ -74,10 +74,16 @@ class Request {
  private:
   const std::string what_;
   Callback callback_;
+  void throwError() const;
+
   std::mutex mu_;
   std::condition_variable cv_;
   bool done_ = false;
-  std::exception_ptr error_;
+  // The error as its kind and text, not as the exception_ptr: each waiter
+  // throws its own copy, so no exception object is shared between the
+  // completing thread and the waiters (whose last release TSan could not order).
+  enum class ErrorKind { kNone, kError, kTimeout, kPeerLost } errorKind_ = ErrorKind::kNone;
+  std::string errorText_;
 };
 
 class Transport {

@@ -157,8 +157,8 @@ TEST(TcpTransport, ManyConcurrentMessagesFromSeveralThreads) {
 TEST(TcpTransport, SizeMismatchFailsTheReceiveNamingBothAndThePairGoesOn) {
   auto ts = connectGroup(2, [o = tcpOptions("mismatch")](int) { return o; });
   auto big = patterned(0, 1, 5, 200000), ok = patterned(0, 1, 6, 10);
-  ts[0]->isend(1, 5, big.data(), big.size());
-  ts[0]->isend(1, 6, ok.data(), ok.size());
+  auto s1 = ts[0]->isend(1, 5, big.data(), big.size());
+  auto s2 = ts[0]->isend(1, 6, ok.data(), ok.size());
   std::vector<uint8_t> small(100), in(10);
   try {
     ts[1]->irecv(0, 5, small.data(), small.size())->wait(after(kWaitMs));
@@ -171,6 +171,8 @@ TEST(TcpTransport, SizeMismatchFailsTheReceiveNamingBothAndThePairGoesOn) {
   }
   ts[1]->irecv(0, 6, in.data(), in.size())->wait(after(kWaitMs));
   EXPECT_TRUE(in == ok);
+  s1->wait(after(kWaitMs));  // the sender's buffers outlive its sends
+  s2->wait(after(kWaitMs));
 }
 
 // The decoder alone (the fuzzer, tests/fuzz, drives it with arbitrary bytes).

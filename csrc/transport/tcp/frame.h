@@ -32,7 +32,8 @@
 //   the bytes received never exceed the total;
 // - the receiver fails a receive whose size differs from the message's total
 //   (both named) and discards that message's bytes; the pair stays usable.
-// Receives are matched per source in seq order (Note in tcp/pair.h).
+// Receives are matched per source in seq order (Note [TCP matching and
+// buffering], tcp/pair.h).
 #pragma once
 
 #include <cstddef>
