@@ -10,6 +10,15 @@
 // when both dial the same socket at once, the dial of the lower rank wins
 // (each acceptor applies that rule when the dialer has proved the secret, so
 // a stranger cannot take a socket away from a peer).
+//
+// Ownership and threads: callers touch only inbox_ and the flags under mu_;
+// everything else belongs to the progress thread. A socket (Conn) is owned by
+// pending_ while it connects and authenticates, then by its Pair; a closed one
+// waits in graveyard_ until the current epoll batch is handled, since later
+// events of the same batch may still point at it (they see fd == -1).
+// A stranger's connection costs one fd and one fixed-size Handshake until its
+// deadline (TcpOptions::timeout); at most 1024 are kept, later ones are
+// closed at once.
 #pragma once
 
 #include <condition_variable>
