@@ -6,11 +6,18 @@
 #   3. torch 2.14 from Debian forky (testing), in a second root.
 # The roots (tools/torch2_root.sh; about 2 GB each) are made once and reused.
 # Needs root (apt, debootstrap, chroot).
+# Before them, once (it needs no torch): the TCP frame decoder's fuzzer for
+# BRAID_FUZZ_SECONDS (default 60; tests/fuzz/run.sh), about 75 s in all.
+#   BRAID_SKIP_FUZZ=1          skips the fuzzer;
 #   BRAID_SKIP_TORCH2=1        runs step 1 only;
 #   BRAID_TORCH2_SUITES="..."  picks the roots (default "trixie forky").
 set -euo pipefail
 repo=$(cd "$(dirname "$0")/.." && pwd)
 start=$SECONDS
+if [[ "${BRAID_SKIP_FUZZ:-0}" != 1 ]]; then
+  echo "=== fuzz: TCP frame decoder" >&2
+  "$repo/tests/fuzz/run.sh" "${BRAID_FUZZ_SECONDS:-60}"
+fi
 "$repo/tests/run_suite.sh"
 versions=("torch $(/usr/bin/python3 -c 'import torch; print(torch.__version__)' 2>/dev/null)")
 if [[ "${BRAID_SKIP_TORCH2:-0}" != 1 ]]; then

@@ -10,7 +10,10 @@ repo=$(cd "$(dirname "$0")/.." && pwd)
 PY=${BRAID_PYTHON:-/usr/bin/python3}
 
 pkgs=(python3-torch libtorch-dev pybind11-dev python3-pytest python3-dev python3-setuptools
-      cmake g++ make ccache libgtest-dev python3-matplotlib python3-venv python3-pip)
+      cmake g++ make ccache libgtest-dev python3-matplotlib python3-venv python3-pip
+      libssl-dev)
+# (The fuzzer's clang and libclang-rt-14-dev are installed by tests/fuzz/run.sh, which runs on
+# the bookworm host only: they are not needed to build, and forky has no libclang-rt-14-dev.)
 [[ "${BRAID_SETUP_EXTRA:-}" ]] && pkgs+=(${BRAID_SETUP_EXTRA})
 missing=()
 for p in "${pkgs[@]}"; do

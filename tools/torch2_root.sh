@@ -16,7 +16,7 @@ if [[ "${1:-}" == "--suite" ]]; then suite=$2; shift 2; fi
 repo=$(cd "$(dirname "$0")/.." && pwd)
 base=${BRAID_ROOT_DIR:-/var/tmp/braid-roots}
 root=$base/$suite
-pkgs=python3-torch,libtorch-dev,pybind11-dev,python3-pytest,g++,cmake,make,python3-dev,python3-setuptools,ccache,libgtest-dev,procps,python3-matplotlib,python3-venv,python3-pip
+pkgs=python3-torch,libtorch-dev,pybind11-dev,python3-pytest,g++,cmake,make,python3-dev,python3-setuptools,ccache,libgtest-dev,procps,python3-matplotlib,python3-venv,python3-pip,libssl-dev
 # torch 2.14's Python headers include <fmt/format.h>; its libtorch-dev does not pull it in.
 [[ $suite == trixie ]] || pkgs+=,libfmt-dev
 

@@ -37,6 +37,7 @@ void registerSetting(const SettingInfo& info) {
 
 std::string SettingInfo::currentValue() const {
   const char* v = envOrNull(name);
+  if (v && std::strcmp(type, "secret") == 0) return "<hidden>";
   return v ? std::string(v) : defaultValue;
 }
 
@@ -85,9 +86,9 @@ bool BoolSetting::get() const {
   throw Error(strCat("braid settings: ", name_, "='", v, "' is not a boolean (use 0 or 1)"));
 }
 
-StringSetting::StringSetting(const char* name, const char* def, const char* doc)
+StringSetting::StringSetting(const char* name, const char* def, const char* doc, bool secret)
     : name_(name), default_(def) {
-  detail::registerSetting({name, "string", def, doc});
+  detail::registerSetting({name, secret ? "secret" : "string", def, doc});
 }
 
 std::string StringSetting::get() const {

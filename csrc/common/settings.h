@@ -22,7 +22,7 @@ namespace braid {
 
 struct SettingInfo {
   const char* name;
-  const char* type;  // "int", "bool", "string"
+  const char* type;  // "int", "bool", "string", "secret" (its value is never shown)
   std::string defaultValue;
   const char* doc;
   std::string currentValue() const;  // the environment's value, or the default
@@ -58,7 +58,7 @@ class BoolSetting {
 
 class StringSetting {
  public:
-  StringSetting(const char* name, const char* def, const char* doc);
+  StringSetting(const char* name, const char* def, const char* doc, bool secret = false);
   std::string get() const;
 
  private:
@@ -72,3 +72,5 @@ class StringSetting {
 #define BRAID_SETTING_BOOL(var, name, def, doc) static const ::braid::BoolSetting var(name, def, doc)
 #define BRAID_SETTING_STRING(var, name, def, doc) \
   static const ::braid::StringSetting var(name, def, doc)
+// A string whose value currentValue() (and so torch_braid.info) never shows.
+#define BRAID_SETTING_SECRET(var, name, doc) static const ::braid::StringSetting var(name, "", doc, true)

@@ -1,0 +1,178 @@
+// TcpTransport on the progress thread: epoll interest, closing sockets,
+// failing pairs, deadlines, and tearing everything down.
+#include <sys/epoll.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <cerrno>
+#include <cstring>
+
+#include "common/error.h"
+#include "common/logging.h"
+#include "transport/tcp/transport.h"
+
+namespace braid {
+namespace transport {
+namespace tcp {
+
+void TcpTransport::refresh(Conn& c) {
+  if (c.fd < 0) return;
+  uint32_t want;
+  if (!c.ready) {
+    want = (c.connecting || c.hs->wantsWrite()) ? EPOLLOUT : EPOLLIN;
+  } else {
+    // A stalled socket is not read, but still watched for the peer leaving.
+    uint32_t in = c.stalled ? (c.peerClosing ? 0u : uint32_t(EPOLLRDHUP)) : uint32_t(EPOLLIN);
+    want = in | (c.wantWrite ? uint32_t(EPOLLOUT) : 0u);
+  }
+  if (c.inEpoll && want == c.registered) return;
+  epoll_event ev{};
+  ev.events = want;
+  ev.data.ptr = &c;
+  int rc = epoll_ctl(epollFd_, c.inEpoll ? EPOLL_CTL_MOD : EPOLL_CTL_ADD, c.fd, &ev);
+  BRAID_ENFORCE(rc == 0, "tcp progress", rank_, "epoll_ctl on the socket of ", c.address, ": ",
+                std::strerror(errno));
+  c.inEpoll = true;
+  c.registered = want;
+}
+
+void TcpTransport::refresh(Pair& p) {
+  for (auto& c : p.conns) {
+    if (c) refresh(*c);
+  }
+}
+
+void TcpTransport::settle(Pair& p) {
+  for (auto& c : p.conns) {
+    if (!c || !c->eof || c->fd < 0) continue;
+    // The peer closed this socket between frames. The others may still hold
+    // data it sent before leaving, so the pair fails only once none can deliver.
+    if (c->inEpoll) epoll_ctl(epollFd_, EPOLL_CTL_DEL, c->fd, nullptr);
+    ::close(c->fd);
+    c->fd = -1;
+  }
+  if (p.drained()) return failPair(p, "closed the connection");
+  refresh(p);
+}
+
+void TcpTransport::closeConn(Conn* c) {
+  if (c->fd >= 0) {
+    if (c->inEpoll) epoll_ctl(epollFd_, EPOLL_CTL_DEL, c->fd, nullptr);
+    ::close(c->fd);
+    c->fd = -1;
+  }
+  if (c->holdsSlot && c->peer >= 0) {
+    Pair& p = *pairs_[c->peer];
+    p.slots[c->index] = Pair::Slot::kEmpty;
+    c->holdsSlot = false;
+    if (p.conns[c->index].get() == c) {
+      graveyard_.push_back(std::move(p.conns[c->index]));
+      return;
+    }
+  }
+  auto it = std::find_if(pending_.begin(), pending_.end(), [&](auto& u) { return u.get() == c; });
+  if (it != pending_.end()) {
+    graveyard_.push_back(std::move(*it));
+    pending_.erase(it);
+  }
+}
+
+void TcpTransport::failPair(Pair& p, const std::string& why) {
+  if (p.failed) return;
+  std::string text = strCat(peerName(p.peer), ": ", why);
+  if (p.hasPending()) {
+    BRAID_LOG(kWarn, "tcp", rank_) << "lost " << text;
+  } else {
+    BRAID_LOG(kInfo, "tcp", rank_) << "lost " << text << " (nothing pending)";
+  }
+  p.failAll(std::make_exception_ptr(PeerLostError(text)));
+  for (auto& c : p.conns) {
+    if (c) closeConn(c.get());
+  }
+  std::vector<Conn*> dials;
+  for (auto& c : pending_) {
+    if (c->peer == p.peer) dials.push_back(c.get());
+  }
+  for (Conn* c : dials) closeConn(c);
+  std::lock_guard<std::mutex> lock(mu_);
+  if (!connected_ && connectError_.empty()) {
+    connectError_ = strCat("braid tcp connect (rank ", rank_, "): ", text);
+    cv_.notify_all();
+  }
+}
+
+void TcpTransport::expireHandshakes() {
+  const auto now = Clock::now();
+  std::vector<Conn*> late;
+  for (auto& c : pending_) {
+    if (c->deadline <= now) late.push_back(c.get());
+  }
+  for (Conn* c : late) {
+    if (c->fd < 0) continue;
+    if (c->dialer && !c->holdsSlot) {
+      closeConn(c);  // a dial that lost its socket to the peer's
+      continue;
+    }
+    if (c->dialer) {
+      failPair(*pairs_[c->peer], strCat("socket ", c->index, ": no answer to the handshake within ",
+                                        opt_.timeout.count(), " ms"));
+      continue;
+    }
+    std::string msg = strCat("tcp accept (rank ", rank_, "): dropped a connection from ", c->address,
+                             ": no complete handshake within ", opt_.timeout.count(), " ms");
+    BRAID_LOG(kWarn, "tcp", rank_) << msg;
+    closeConn(c);
+  }
+}
+
+void TcpTransport::retryMemoryWaiters() {
+  shared_.memoryFreed = false;
+  for (auto& p : pairs_) {
+    if (p->failed) continue;
+    std::string err = p->retryStalled();
+    if (!err.empty()) failPair(*p, err);
+    else settle(*p);
+  }
+}
+
+void TcpTransport::updateConnected() {
+  for (auto& p : pairs_) {
+    for (auto s : p->slots) {
+      if (s != Pair::Slot::kReady) return;
+    }
+  }
+  std::lock_guard<std::mutex> lock(mu_);
+  if (!connected_) {
+    connected_ = true;
+    cv_.notify_all();
+  }
+}
+
+void TcpTransport::teardown(const std::string& why) {
+  if (tornDown_) return;
+  tornDown_ = true;
+  auto error = std::make_exception_ptr(Error(why));
+  for (auto& p : pairs_) {
+    p->failAll(error);
+    for (auto& c : p->conns) {
+      if (c) closeConn(c.get());
+    }
+  }
+  while (!pending_.empty()) closeConn(pending_.front().get());
+  std::vector<std::pair<Post, std::shared_ptr<Request>>> posts;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    posts.swap(inbox_);
+    if (!connected_ && connectError_.empty()) {
+      connectError_ = strCat("braid tcp connect (rank ", rank_, "): ", why);
+      cv_.notify_all();
+    }
+  }
+  for (auto& pr : posts) {
+    pr.second->complete(std::make_exception_ptr(Error(pr.second->what() + ": " + why)));
+  }
+}
+
+}  // namespace tcp
+}  // namespace transport
+}  // namespace braid

@@ -1,0 +1,41 @@
+// A TCP group's settings, read once when the group is created (fromEnv) or
+// set field by field (tests, or a caller with its own configuration).
+#pragma once
+
+#include <chrono>
+#include <cstddef>
+#include <string>
+
+namespace braid {
+namespace transport {
+namespace tcp {
+
+enum class ConnectMode { kEager, kLazy };
+
+struct TcpOptions {
+  // Binds handshakes and store keys to one group incarnation; ranks of one
+  // group must pass the same string (e.g. "<pg name>/<incarnation>").
+  std::string groupId = "braid";
+  int socketsPerPeer = 2;           // BRAID_TCP_SOCKETS_PER_PEER, 1..64
+  ConnectMode connect = ConnectMode::kEager;  // BRAID_TCP_CONNECT
+  size_t chunkBytes = 512 << 10;    // BRAID_TCP_CHUNK_BYTES, >= 64 KiB
+  size_t maxUnexpectedBytes = 64 << 20;  // BRAID_TCP_UNEXPECTED_BYTES
+  std::string ifname;               // BRAID_SOCKET_IFNAME; "" = route to storeHost
+  std::string storeHost;            // the store's host (the caller knows it); "" = loopback
+  std::string secret;               // BRAID_SECRET or BRAID_SECRET_FILE; "" = none
+  bool requireAuth = false;         // BRAID_REQUIRE_AUTH
+  // Deadline for connecting the group (eager) or one pair (lazy), and for
+  // any one handshake.
+  std::chrono::milliseconds timeout{30000};
+
+  // From the BRAID_ environment; `size` picks the connect default (eager up
+  // to 64 ranks). Throws an Error naming "tcp init", `rank` and the setting
+  // when a value is invalid or a secret is required but missing.
+  static TcpOptions fromEnv(int rank, int size);
+  // Throws as fromEnv does.
+  void check(int rank) const;
+};
+
+}  // namespace tcp
+}  // namespace transport
+}  // namespace braid

@@ -1,0 +1,40 @@
+// Socket helpers for the TCP transport: addresses, the listening socket,
+// non-blocking dials. Every error names the op, the rank and the address.
+#pragma once
+
+#include <sys/socket.h>
+
+#include <string>
+
+namespace braid {
+namespace transport {
+namespace tcp {
+
+struct SockAddr {
+  sockaddr_storage ss{};
+  socklen_t len = 0;
+  std::string str() const;  // "10.0.0.2:41234", "[fe80::1]:41234"
+};
+
+// Parses SockAddr::str() (numeric hosts only).
+SockAddr parseAddr(const std::string& s, int rank);
+
+// The host to listen on: BRAID_SOCKET_IFNAME's address when `ifname` is set,
+// else the local address that routes to `storeHost`, else loopback.
+std::string chooseHost(const std::string& ifname, const std::string& storeHost, int rank);
+
+// A non-blocking listening socket on `host`, port chosen by the kernel.
+int listenOn(const std::string& host, int rank, SockAddr* bound);
+
+// Starts a non-blocking connect (TCP_NODELAY set); completion shows as writable.
+int dialStart(const SockAddr& to, int rank);
+// After the socket became writable: "" when connected, else why not.
+std::string dialResult(int fd);
+
+// The address of the other end of a connected socket ("?" when unknown).
+std::string peerAddress(int fd);
+void setNoDelay(int fd);
+
+}  // namespace tcp
+}  // namespace transport
+}  // namespace braid

@@ -1,0 +1,191 @@
+#include "transport/tcp/transport.h"
+
+#include <sys/epoll.h>
+#include <sys/eventfd.h>
+#include <unistd.h>
+
+#include <cerrno>
+#include <cstring>
+
+#include "common/error.h"
+#include "common/logging.h"
+
+namespace braid {
+namespace transport {
+namespace tcp {
+namespace {
+
+std::string addrKey(const std::string& group, int rank) {
+  return "braid/tcp/" + group + "/addr/" + std::to_string(rank);
+}
+
+}  // namespace
+
+std::unique_ptr<Transport> connect(Store& store, int rank, int size, const TcpOptions& options) {
+  BRAID_ENFORCE(size >= 1 && rank >= 0 && rank < size, "tcp connect", rank, "rank ", rank,
+                " is not in a group of ", size);
+  options.check(rank);
+  if (options.secret.empty()) warnUnauthenticatedOnce(rank);
+  auto t = std::make_unique<TcpTransport>(rank, size, options);
+  try {
+    t->start(store);
+  } catch (...) {
+    t->close();
+    throw;
+  }
+  return t;
+}
+
+TcpTransport::TcpTransport(int rank, int size, const TcpOptions& options)
+    : rank_(rank), size_(size), opt_(options) {
+  id_.group = opt_.groupId;
+  id_.secret = opt_.secret;
+  id_.rank = rank;
+  id_.size = size;
+  id_.socketsPerPeer = opt_.socketsPerPeer;
+  shared_.rank = rank;
+  shared_.chunkBytes = opt_.chunkBytes;
+  shared_.maxUnexpected = opt_.maxUnexpectedBytes;
+  for (int p = 0; p < size; ++p) {
+    pairs_.push_back(std::make_unique<Pair>(shared_, p, p == rank ? 0 : opt_.socketsPerPeer));
+  }
+}
+
+TcpTransport::~TcpTransport() { close(); }
+
+void TcpTransport::start(Store& store) {
+  const auto deadline = Clock::now() + opt_.timeout;
+  SockAddr bound;
+  listenFd_ = listenOn(chooseHost(opt_.ifname, opt_.storeHost, rank_), rank_, &bound);
+  epollFd_ = epoll_create1(EPOLL_CLOEXEC);
+  wakeFd_ = eventfd(0, EFD_NONBLOCK | EFD_CLOEXEC);
+  BRAID_ENFORCE(epollFd_ >= 0 && wakeFd_ >= 0, "tcp connect", rank_, "epoll/eventfd: ",
+                std::strerror(errno));
+  const int fds[] = {listenFd_, wakeFd_};
+  Conn* tags[] = {&listenTag_, &wakeTag_};
+  for (int i = 0; i < 2; ++i) {
+    epoll_event ev{};
+    ev.events = EPOLLIN;
+    ev.data.ptr = tags[i];
+    BRAID_ENFORCE(epoll_ctl(epollFd_, EPOLL_CTL_ADD, fds[i], &ev) == 0, "tcp connect", rank_,
+                  "epoll_ctl: ", std::strerror(errno));
+  }
+  const std::string me = bound.str();
+  store.set(addrKey(opt_.groupId, rank_), std::vector<uint8_t>(me.begin(), me.end()));
+  addrs_.resize(size_);
+  for (int p = 0; p < size_; ++p) {
+    auto left = std::chrono::duration_cast<std::chrono::milliseconds>(deadline - Clock::now());
+    std::vector<uint8_t> v;
+    try {
+      v = store.get(addrKey(opt_.groupId, p), std::max(left, std::chrono::milliseconds(1)));
+    } catch (const TimeoutError& e) {
+      BRAID_THROW(TimeoutError, "tcp connect", rank_, "rank ", p, " published no address within ",
+                  opt_.timeout.count(), " ms (", e.what(), ")");
+    }
+    addrs_[p].assign(v.begin(), v.end());
+  }
+  BRAID_LOG(kInfo, "tcp", rank_) << "listening on " << me << ", " << opt_.socketsPerPeer
+                                 << " sockets per peer, "
+                                 << (opt_.connect == ConnectMode::kEager ? "eager" : "lazy");
+  thread_ = std::thread([this] { loop(); });
+  if (opt_.connect == ConnectMode::kEager) waitConnected(deadline);
+}
+
+void TcpTransport::waitConnected(Clock::time_point deadline) {
+  std::unique_lock<std::mutex> lock(mu_);
+  bool done = cv_.wait_until(lock, deadline, [&] { return connected_ || !connectError_.empty(); });
+  if (!connectError_.empty()) throw PeerLostError(connectError_);
+  if (done) return;
+  std::string why = strCat("braid tcp connect (rank ", rank_, "): timed out after ",
+                           opt_.timeout.count(), " ms waiting for every peer's sockets");
+  for (const auto& r : rejections_) why += "; " + r;
+  throw TimeoutError(why);
+}
+
+std::string TcpTransport::peerName(int p) const {
+  if (p < 0 || p >= size_) return strCat("rank ", p);
+  return strCat("rank ", p, p < static_cast<int>(addrs_.size()) ? " at " + addrs_[p] : "");
+}
+
+void TcpTransport::checkArgs(const char* op, int peer, const void* data, size_t bytes) const {
+  BRAID_ENFORCE(peer >= 0 && peer < size_, op, rank_, "peer rank ", peer,
+                " is not in the group of ", size_);
+  BRAID_ENFORCE(data || bytes == 0, op, rank_, "null buffer for ", bytes, " bytes");
+  BRAID_ENFORCE(bytes <= kMaxMessageBytes, op, rank_, bytes, " bytes exceed the largest message, ",
+                kMaxMessageBytes);
+}
+
+std::shared_ptr<Request> TcpTransport::isend(int dst, uint64_t tag, const void* data, size_t bytes,
+                                             Request::Callback done) {
+  checkArgs("tcp send", dst, data, bytes);
+  auto req = std::make_shared<Request>(
+      errorText("tcp send", rank_, "to ", peerName(dst), ", tag ", tag, ", ", bytes, " bytes"),
+      std::move(done));
+  auto s = std::make_shared<SendOp>(SendOp{req, static_cast<const uint8_t*>(data), bytes, tag});
+  post(Post{std::move(s), nullptr, dst}, req);
+  return req;
+}
+
+std::shared_ptr<Request> TcpTransport::irecv(int src, uint64_t tag, void* data, size_t bytes,
+                                             Request::Callback done) {
+  checkArgs("tcp recv", src, data, bytes);
+  auto req = std::make_shared<Request>(
+      errorText("tcp recv", rank_, "from ", peerName(src), ", tag ", tag, ", ", bytes, " bytes"),
+      std::move(done));
+  auto r = std::make_shared<RecvOp>(RecvOp{req, static_cast<uint8_t*>(data), bytes, tag});
+  post(Post{nullptr, std::move(r), src}, req);
+  return req;
+}
+
+void TcpTransport::post(Post p, const std::shared_ptr<Request>& req) {
+  std::string refused;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    if (aborted_ || closing_) {
+      refused = aborted_ ? "aborted: " + abortWhy_ : std::string("the transport is closed");
+    } else {
+      bool wake = inbox_.empty();
+      inbox_.emplace_back(std::move(p), req);
+      if (wake) {
+        uint64_t one = 1;
+        (void)!::write(wakeFd_, &one, sizeof(one));
+      }
+    }
+  }
+  if (!refused.empty()) req->complete(std::make_exception_ptr(Error(req->what() + ": " + refused)));
+}
+
+void TcpTransport::abort(const std::string& why) {
+  std::lock_guard<std::mutex> lock(mu_);
+  if (aborted_ || closed_) return;
+  aborted_ = true;
+  abortWhy_ = why;
+  if (wakeFd_ >= 0) {
+    uint64_t one = 1;
+    (void)!::write(wakeFd_, &one, sizeof(one));
+  }
+}
+
+void TcpTransport::close() {
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    if (closed_) return;
+    closing_ = true;
+    if (wakeFd_ >= 0) {
+      uint64_t one = 1;
+      (void)!::write(wakeFd_, &one, sizeof(one));
+    }
+  }
+  if (thread_.joinable()) thread_.join();
+  teardown("the transport is closed");  // when the thread never ran
+  std::lock_guard<std::mutex> lock(mu_);
+  for (int* fd : {&listenFd_, &epollFd_, &wakeFd_}) {
+    if (*fd >= 0) ::close(*fd);
+    *fd = -1;
+  }
+  closed_ = true;
+}
+
+}  // namespace tcp
+}  // namespace transport
+}  // namespace braid

@@ -1,0 +1,123 @@
+// The TCP implementation of transport::Transport: one listening socket per
+// rank, TcpOptions::socketsPerPeer authenticated sockets per peer pair, and
+// one progress thread per group ("braid-tcp", epoll) that owns every socket.
+// See Note [TCP framing] (tcp/frame.h), Note [TCP authentication]
+// (tcp/auth.h) and Note [TCP matching and buffering] (tcp/pair.h).
+//
+// Who dials: eagerly, each rank dials every lower rank when the group is
+// created, and connect() returns once every socket of every pair is
+// authenticated. Lazily, a rank dials a peer when it first posts an op to it;
+// when both dial the same socket at once, the dial of the lower rank wins
+// (each acceptor applies that rule when the dialer has proved the secret, so
+// a stranger cannot take a socket away from a peer).
+//
+// Ownership and threads: callers touch only inbox_ and the flags under mu_;
+// everything else belongs to the progress thread. A socket (Conn) is owned by
+// pending_ while it connects and authenticates, then by its Pair; a closed one
+// waits in graveyard_ until the current epoll batch is handled, since later
+// events of the same batch may still point at it (they see fd == -1).
+// A stranger's connection costs one fd and one fixed-size Handshake until its
+// deadline (TcpOptions::timeout); at most 1024 are kept, later ones are
+// closed at once.
+#pragma once
+
+#include <condition_variable>
+#include <list>
+#include <memory>
+#include <mutex>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "transport/store.h"
+#include "transport/tcp/options.h"
+#include "transport/tcp/pair.h"
+#include "transport/tcp/socket.h"
+#include "transport/transport.h"
+
+namespace braid {
+namespace transport {
+namespace tcp {
+
+// Connects rank `rank` of `size` through `store` (addresses only). Throws
+// braid::Error / TimeoutError naming the rank and the peers that failed.
+std::unique_ptr<Transport> connect(Store& store, int rank, int size, const TcpOptions& options);
+
+class TcpTransport : public Transport {
+ public:
+  TcpTransport(int rank, int size, const TcpOptions& options);
+  ~TcpTransport() override;
+
+  int rank() const override { return rank_; }
+  int size() const override { return size_; }
+  std::shared_ptr<Request> isend(int dst, uint64_t tag, const void* data, size_t bytes,
+                                 Request::Callback done) override;
+  std::shared_ptr<Request> irecv(int src, uint64_t tag, void* data, size_t bytes,
+                                 Request::Callback done) override;
+  std::string peerName(int rank) const override;
+  void abort(const std::string& why) override;
+  void close() override;
+
+  // connect()'s steps: listen and publish, read the peers' addresses, start
+  // the progress thread and (eager) wait for every pair.
+  void start(Store& store);
+
+ private:
+  struct Post {
+    std::shared_ptr<SendOp> send;
+    std::shared_ptr<RecvOp> recv;
+    int peer;
+  };
+  void post(Post p, const std::shared_ptr<Request>& req);
+  void checkArgs(const char* op, int peer, const void* data, size_t bytes) const;
+  void waitConnected(Clock::time_point deadline);
+
+  // Progress thread (tcp/loop.cc).
+  void loop();
+  void progress();
+  void adoptPosts();
+  void activate(Pair& p);
+  void dial(Pair& p, int index);
+  void acceptAll();
+  void onEvent(Conn* c, uint32_t events);
+  void onHandshake(Conn* c);
+  void becomeReady(Conn* c);
+  void onReadyEvent(Conn& c, uint32_t events);
+  void failPair(Pair& p, const std::string& why);
+  void closeConn(Conn* c);
+  void refresh(Conn& c);
+  void refresh(Pair& p);
+  void settle(Pair& p);  // closes sockets the peer closed; fails a drained pair
+  void expireHandshakes();
+  void retryMemoryWaiters();
+  void updateConnected();
+  void teardown(const std::string& why);
+
+  const int rank_, size_;
+  const TcpOptions opt_;
+  HandshakeIdentity id_;
+  PairShared shared_;
+  std::vector<std::string> addrs_;  // every rank's listening address
+  int listenFd_ = -1, epollFd_ = -1, wakeFd_ = -1;
+  Conn listenTag_, wakeTag_;  // epoll markers
+
+  mutable std::mutex mu_;  // guards what callers share with the progress thread
+  std::condition_variable cv_;
+  std::vector<std::pair<Post, std::shared_ptr<Request>>> inbox_;
+  bool aborted_ = false, closing_ = false, closed_ = false;
+  std::string abortWhy_;
+  bool connected_ = false;  // eager: every pair ready
+  std::string connectError_;
+  std::vector<std::string> rejections_;  // recent refused connections, for timeout messages
+
+  // Progress thread only.
+  std::vector<std::unique_ptr<Pair>> pairs_;
+  std::list<std::unique_ptr<Conn>> pending_;  // connecting or authenticating
+  std::vector<std::unique_ptr<Conn>> graveyard_;  // closed during one epoll batch
+  bool tornDown_ = false;
+  std::thread thread_;
+};
+
+}  // namespace tcp
+}  // namespace transport
+}  // namespace braid

@@ -1,0 +1,111 @@
+// A message transport: tagged point-to-point byte messages between the ranks
+// of one group, in the spirit of gloo's transport/pair.h. The TCP transport
+// (transport/tcp/) implements it; the shared-memory one will.
+//
+// Connecting. A group (rank, size) is connected by the implementation's
+// factory (e.g. tcp::connect) through the rendezvous Store, which carries
+// addresses only (Note [TCP authentication]). The factory returns when the
+// transport can accept posts; it throws braid::Error (or TimeoutError) naming
+// the op, the rank and the peer when the group cannot be connected.
+//
+// Messages. isend(dst, tag, data, n) and irecv(src, tag, data, n) post an op
+// and return at once with a Request. Receives from one source are matched to
+// that source's messages in the order the messages were sent, and a message
+// goes to the first receive posted with its tag that is still unmatched (MPI's
+// non-overtaking rule); a message whose receive is not posted yet waits in
+// the transport (see the implementation for how much it buffers). The sizes
+// of a matched send and receive must be equal: else the receive fails with an
+// Error naming both sizes and the peer. A rank may send to itself.
+//
+// Liveness. When a peer disconnects, resets or fails a protocol check, every
+// pending and later op with that peer fails with PeerLostError naming the
+// peer's rank and address. abort() fails every pending and later op.
+//
+// Thread contract.
+// - isend, irecv, abort, rank, size and peerName may be called from any
+//   thread, concurrently. Posting order between threads is the order in which
+//   their calls take the transport's lock.
+// - Arguments are checked on the caller's thread (braid::Error thrown there);
+//   everything else is reported through the Request.
+// - The buffer of an op belongs to the transport from the post until the
+//   Request is done (completed, failed, or the transport closed): the caller
+//   must neither free it nor, for a receive, read it before then.
+// - Completion callbacks run on the transport's progress thread, once, after
+//   the Request is done. They must not block; they may post new ops.
+// - close() (and the destructor) must not run concurrently with posts, nor
+//   inside a completion callback; it fails what is still pending and joins
+//   the progress thread.
+#pragma once
+
+#include <chrono>
+#include <condition_variable>
+#include <cstddef>
+#include <cstdint>
+#include <exception>
+#include <functional>
+#include <memory>
+#include <mutex>
+#include <string>
+
+namespace braid {
+namespace transport {
+
+using Clock = std::chrono::steady_clock;
+
+// One posted send or receive.
+class Request {
+ public:
+  using Callback = std::function<void(std::exception_ptr error)>;
+
+  // `what` names the op in errors, e.g. "tcp send (rank 0): to rank 2, tag 7, 1024 bytes".
+  Request(std::string what, Callback callback);
+
+  // Waits until the op is done; rethrows its error. At the deadline throws
+  // TimeoutError naming the op; the op stays posted (abort() ends it).
+  void wait(Clock::time_point deadline);
+  // Whether the op is done; rethrows its error when it failed.
+  bool test();
+  const std::string& what() const { return what_; }
+
+  // For implementations: the first call wins; later calls are ignored.
+  // Runs the callback on the calling thread after waking waiters.
+  void complete(std::exception_ptr error);
+
+ private:
+  const std::string what_;
+  Callback callback_;
+  void throwError() const;
+
+  std::mutex mu_;
+  std::condition_variable cv_;
+  bool done_ = false;
+  // The error as its kind and text, not as the exception_ptr: each waiter
+  // throws its own copy, so no exception object is shared between the
+  // completing thread and the waiters (whose last release TSan could not order).
+  enum class ErrorKind { kNone, kError, kTimeout, kPeerLost } errorKind_ = ErrorKind::kNone;
+  std::string errorText_;
+};
+
+class Transport {
+ public:
+  virtual ~Transport() = default;
+  virtual int rank() const = 0;
+  virtual int size() const = 0;
+
+  virtual std::shared_ptr<Request> isend(int dst, uint64_t tag, const void* data, size_t bytes,
+                                         Request::Callback done = {}) = 0;
+  virtual std::shared_ptr<Request> irecv(int src, uint64_t tag, void* data, size_t bytes,
+                                         Request::Callback done = {}) = 0;
+
+  // "rank 3 at 10.0.0.2:41234", for messages.
+  virtual std::string peerName(int rank) const = 0;
+
+  // Fails every pending and later op with an Error carrying `why`, and drops
+  // the connections (peers see this rank leave). Any thread; idempotent.
+  virtual void abort(const std::string& why) = 0;
+  // Fails what is pending, closes every connection, joins the progress thread.
+  virtual void close() = 0;
+};
+
+}  // namespace transport
+}  // namespace braid

@@ -1,0 +1,281 @@
+// The TCP transport (csrc/transport/tcp) with threads as ranks over loopback:
+// messages of every awkward size between every pair, striped over several
+// sockets and checked byte for byte; tag matching; authentication failures;
+// strangers; peers that vanish; abort; and no leaked fds or threads.
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <random>
+#include <thread>
+
+#include "common/settings.h"
+#include "transport/tcp/frame.h"
+
+#include "tcp_group.h"
+
+namespace braid {
+namespace {
+
+using testing::after;
+using testing::connectGroup;
+using testing::patterned;
+using testing::tcpOptions;
+using transport::Request;
+using transport::tcp::ConnectMode;
+using transport::tcp::TcpOptions;
+
+constexpr int kWaitMs = 10000;
+
+// Every rank sends one message of each size to every rank (itself included)
+// and checks what it receives.
+void exchangeAll(std::vector<std::unique_ptr<transport::Transport>>& ts,
+                 const std::vector<size_t>& sizes) {
+  const int n = static_cast<int>(ts.size());
+  testing::runRanks(n, [&](int me) {
+    auto& t = *ts[me];
+    std::vector<std::vector<uint8_t>> out, in;
+    std::vector<std::shared_ptr<Request>> reqs;
+    for (int peer = 0; peer < n; ++peer) {
+      for (size_t k = 0; k < sizes.size(); ++k) {
+        in.emplace_back(sizes[k], 0xEE);
+        reqs.push_back(t.irecv(peer, k, in.back().data(), sizes[k]));
+        out.push_back(patterned(me, peer, k, sizes[k]));
+        reqs.push_back(t.isend(peer, k, out.back().data(), sizes[k]));
+      }
+    }
+    for (auto& r : reqs) r->wait(after(kWaitMs));
+    size_t i = 0;
+    for (int peer = 0; peer < n; ++peer) {
+      for (size_t k = 0; k < sizes.size(); ++k, ++i) {
+        ASSERT_TRUE(in[i] == patterned(peer, me, k, sizes[k]))
+            << "rank " << me << " from " << peer << " size " << sizes[k];
+      }
+    }
+  });
+}
+
+TEST(TcpTransport, EverySizeBetweenEveryPair) {
+  const std::vector<size_t> sizes = {0, 1, 7, (64 << 10) - 1, 64 << 10, (64 << 10) + 1,
+                                     (3 << 20) + 5};
+  for (int n : {1, 2, 3, 4, 5}) {
+    SCOPED_TRACE("world size " + std::to_string(n));
+    auto o = tcpOptions("sizes", n == 3 ? 3 : 2);
+    auto ts = connectGroup(n, [&](int) { return o; });
+    exchangeAll(ts, sizes);
+    for (auto& t : ts) t->close();
+  }
+}
+
+TEST(TcpTransport, LazyConnectWithBothSidesDialing) {
+  auto o = tcpOptions("lazy", 3);
+  o.connect = ConnectMode::kLazy;
+  auto ts = connectGroup(4, [&](int) { return o; });
+  exchangeAll(ts, {0, 5, (1 << 20) + 3});
+  exchangeAll(ts, {100});
+}
+
+TEST(TcpTransport, TagsMatchInAnyOrderAndSameTagInSendOrder) {
+  auto ts = connectGroup(2, [o = tcpOptions("tags")](int) { return o; });
+  const int kMsgs = 12;
+  std::vector<std::vector<uint8_t>> out;
+  for (int k = 0; k < kMsgs; ++k) out.push_back(patterned(0, 1, k, 1000 + 40000 * k));
+  // Two messages with tag 99: the first receive gets the first one.
+  auto a = patterned(0, 1, 1001, 300), b = patterned(0, 1, 1002, 300);
+  std::vector<std::shared_ptr<Request>> sends;
+  for (int k = 0; k < kMsgs; ++k) sends.push_back(ts[0]->isend(1, k, out[k].data(), out[k].size()));
+  sends.push_back(ts[0]->isend(1, 99, a.data(), a.size()));
+  sends.push_back(ts[0]->isend(1, 99, b.data(), b.size()));
+  // Unexpected at the receiver: every send completes before any receive.
+  for (auto& s : sends) s->wait(after(kWaitMs));
+  std::vector<std::vector<uint8_t>> in(kMsgs);
+  std::vector<std::shared_ptr<Request>> recvs;
+  for (int k = kMsgs - 1; k >= 0; --k) {
+    in[k].resize(out[k].size());
+    recvs.push_back(ts[1]->irecv(0, k, in[k].data(), in[k].size()));
+  }
+  std::vector<uint8_t> first(300), second(300);
+  ts[1]->irecv(0, 99, first.data(), 300)->wait(after(kWaitMs));
+  ts[1]->irecv(0, 99, second.data(), 300)->wait(after(kWaitMs));
+  for (auto& r : recvs) r->wait(after(kWaitMs));
+  for (int k = 0; k < kMsgs; ++k) EXPECT_TRUE(in[k] == out[k]) << "tag " << k;
+  EXPECT_TRUE(first == a);
+  EXPECT_TRUE(second == b);
+}
+
+TEST(TcpTransport, ReceivesBeyondTheBufferBudgetWaitForTheirReceive) {
+  // 1 MiB of room for unexpected messages, four of 1 MiB, received in reverse:
+  // later messages wait on their sockets until their receives are posted.
+  auto o = tcpOptions("budget");
+  o.maxUnexpectedBytes = 1 << 20;
+  auto ts = connectGroup(2, [&](int) { return o; });
+  std::vector<std::vector<uint8_t>> out, in(4, std::vector<uint8_t>(1 << 20));
+  std::vector<std::shared_ptr<Request>> reqs;
+  for (int k = 0; k < 4; ++k) out.push_back(patterned(0, 1, k, 1 << 20));
+  for (int k = 0; k < 4; ++k) reqs.push_back(ts[0]->isend(1, k, out[k].data(), 1 << 20));
+  for (int k = 3; k >= 0; --k) reqs.push_back(ts[1]->irecv(0, k, in[k].data(), 1 << 20));
+  for (auto& r : reqs) r->wait(after(kWaitMs));
+  for (int k = 0; k < 4; ++k) EXPECT_TRUE(in[k] == out[k]) << "tag " << k;
+}
+
+TEST(TcpTransport, ManyConcurrentMessagesFromSeveralThreads) {
+  const int n = 4, kPerPeer = 60;
+  auto ts = connectGroup(n, [o = tcpOptions("many")](int) { return o; });
+  testing::runRanks(n, [&](int me) {
+    std::vector<std::thread> threads;
+    for (int half = 0; half < 2; ++half) {  // sends on one thread, receives on another
+      threads.emplace_back([&, half] {
+        std::mt19937 rng(me * 7 + half);
+        std::vector<std::vector<uint8_t>> bufs;
+        std::vector<std::shared_ptr<Request>> reqs;
+        std::vector<std::pair<int, int>> order;
+        for (int p = 0; p < n; ++p)
+          for (int k = 0; k < kPerPeer; ++k) order.emplace_back(p, k);
+        std::shuffle(order.begin(), order.end(), rng);
+        auto size = [](int k) { return static_cast<size_t>((k * 7919) % 150000); };
+        for (auto [p, k] : order) {
+          if (half == 0) {
+            bufs.push_back(patterned(me, p, k, size(k)));
+            reqs.push_back(ts[me]->isend(p, k, bufs.back().data(), size(k)));
+          } else {
+            bufs.emplace_back(size(k));
+            reqs.push_back(ts[me]->irecv(p, k, bufs.back().data(), size(k)));
+          }
+        }
+        for (auto& r : reqs) r->wait(after(kWaitMs));
+        if (half == 1) {
+          for (size_t i = 0; i < order.size(); ++i) {
+            auto [p, k] = order[i];
+            EXPECT_TRUE(bufs[i] == patterned(p, me, k, size(k))) << me << " from " << p;
+          }
+        }
+      });
+    }
+    for (auto& t : threads) t.join();
+  });
+}
+
+TEST(TcpTransport, SizeMismatchFailsTheReceiveNamingBothAndThePairGoesOn) {
+  auto ts = connectGroup(2, [o = tcpOptions("mismatch")](int) { return o; });
+  auto big = patterned(0, 1, 5, 200000), ok = patterned(0, 1, 6, 10);
+  auto s1 = ts[0]->isend(1, 5, big.data(), big.size());
+  auto s2 = ts[0]->isend(1, 6, ok.data(), ok.size());
+  std::vector<uint8_t> small(100), in(10);
+  try {
+    ts[1]->irecv(0, 5, small.data(), small.size())->wait(after(kWaitMs));
+    FAIL() << "expected a size mismatch";
+  } catch (const Error& e) {
+    std::string m = e.what();
+    EXPECT_NE(m.find("200000 bytes"), std::string::npos) << m;
+    EXPECT_NE(m.find("100 bytes"), std::string::npos) << m;
+    EXPECT_NE(m.find("rank 0 at 127.0.0.1:"), std::string::npos) << m;
+  }
+  ts[1]->irecv(0, 6, in.data(), in.size())->wait(after(kWaitMs));
+  EXPECT_TRUE(in == ok);
+  s1->wait(after(kWaitMs));  // the sender's buffers outlive its sends
+  s2->wait(after(kWaitMs));
+}
+
+// The decoder alone (the fuzzer, tests/fuzz, drives it with arbitrary bytes).
+TEST(TcpFrame, RoundTripsAndRejectsEveryBrokenField) {
+  using namespace transport::tcp;
+  FrameHeader h;
+  h.source = 3, h.chunk = 70000, h.tag = ~uint64_t(0), h.seq = 5, h.total = 1 << 20, h.offset = 65536;
+  uint8_t b[kFrameHeaderBytes];
+  encodeFrame(h, b);
+  FrameHeader d;
+  std::string why;
+  ASSERT_EQ(decodeFrame(b, sizeof(b), &d, &why), DecodeStatus::kOk) << why;
+  EXPECT_TRUE(d.source == 3 && d.chunk == 70000 && d.tag == h.tag && d.seq == 5 &&
+              d.total == h.total && d.offset == 65536);
+  EXPECT_EQ(decodeFrame(b, sizeof(b) - 1, &d, &why), DecodeStatus::kNeedMore);
+  auto broken = [&](const std::function<void(FrameHeader&, uint8_t*)>& edit) {
+    FrameHeader x = h;
+    uint8_t y[kFrameHeaderBytes];
+    encodeFrame(x, y);
+    edit(x, y);
+    encodeFrame(x, y);
+    edit(x, y);  // byte edits survive the re-encode
+    std::string w;
+    EXPECT_EQ(decodeFrame(y, sizeof(y), &d, &w), DecodeStatus::kInvalid);
+    return w;
+  };
+  EXPECT_NE(broken([](FrameHeader&, uint8_t* y) { y[0] ^= 1; }).find("magic"), std::string::npos);
+  EXPECT_NE(broken([](FrameHeader&, uint8_t* y) { y[4] = 2; }).find("version 2"), std::string::npos);
+  EXPECT_NE(broken([](FrameHeader&, uint8_t* y) { y[5] = 0; }).find("opcode 0"), std::string::npos);
+  EXPECT_NE(broken([](FrameHeader&, uint8_t* y) { y[6] = 1; }).find("flags"), std::string::npos);
+  EXPECT_NE(broken([](FrameHeader& x, uint8_t*) { x.chunk = kMaxChunkBytes + 1; })
+                .find("largest chunk"), std::string::npos);
+  EXPECT_NE(broken([](FrameHeader& x, uint8_t*) { x.total = kMaxMessageBytes + 1; })
+                .find("largest message"), std::string::npos);
+  EXPECT_NE(broken([](FrameHeader& x, uint8_t*) { x.offset = ~uint64_t(0) - 10; })
+                .find("beyond the message"), std::string::npos);
+  EXPECT_NE(broken([](FrameHeader& x, uint8_t*) { x.offset = (1 << 20) - 100; })
+                .find("beyond the message"), std::string::npos);
+  EXPECT_NE(broken([](FrameHeader& x, uint8_t*) { x.chunk = 0; }).find("empty chunk"),
+            std::string::npos);
+  // Order on one socket, and a message's frames against its first one.
+  SocketOrder order(3);
+  EXPECT_TRUE(order.check(h, &why));
+  EXPECT_FALSE(order.check(h, &why));  // the same bytes again
+  EXPECT_NE(why.find("out-of-order"), std::string::npos) << why;
+  uint64_t received = (1 << 20) - 1000;
+  EXPECT_FALSE(checkMessage(h, h.tag, h.total, &received, &why));
+  EXPECT_NE(why.find("more than its total"), std::string::npos) << why;
+  received = 0;
+  EXPECT_TRUE(checkMessage(h, h.tag, h.total, &received, &why));
+  EXPECT_EQ(received, 70000u);
+}
+
+TEST(TcpOptions, InvalidValuesNameTheSetting) {
+  auto expectError = [](transport::tcp::TcpOptions o, const char* setting) {
+    try {
+      o.check(2);
+      ADD_FAILURE() << "no error for " << setting;
+    } catch (const Error& e) {
+      EXPECT_NE(std::string(e.what()).find(setting), std::string::npos) << e.what();
+      EXPECT_NE(std::string(e.what()).find("(rank 2)"), std::string::npos) << e.what();
+    }
+  };
+  auto o = tcpOptions("opts");
+  o.socketsPerPeer = 0;
+  expectError(o, "BRAID_TCP_SOCKETS_PER_PEER");
+  o = tcpOptions("opts");
+  o.chunkBytes = 1000;
+  expectError(o, "BRAID_TCP_CHUNK_BYTES");
+  o = tcpOptions("opts");
+  o.secret.clear();
+  o.requireAuth = true;
+  expectError(o, "BRAID_REQUIRE_AUTH");
+}
+
+TEST(TcpOptions, ListeningAddressFromTheInterfaceOrTheRouteToTheStore) {
+  using transport::tcp::chooseHost;
+  EXPECT_EQ(chooseHost("", "", 0), "127.0.0.1");
+  EXPECT_EQ(chooseHost("lo", "", 0), "127.0.0.1");
+  EXPECT_EQ(chooseHost("", "127.0.0.1", 0), "127.0.0.1");
+  try {
+    chooseHost("no-such-if0", "", 3);
+    ADD_FAILURE() << "no error for a missing interface";
+  } catch (const Error& e) {
+    std::string m = e.what();
+    EXPECT_NE(m.find("BRAID_SOCKET_IFNAME='no-such-if0'"), std::string::npos) << m;
+    EXPECT_NE(m.find("lo"), std::string::npos) << m;  // the interfaces there are
+    EXPECT_NE(m.find("(rank 3)"), std::string::npos) << m;
+  }
+}
+
+TEST(TcpOptions, TheSecretIsNeverShownInTheSettingsList) {
+  ::setenv("BRAID_SECRET", "do-not-print-me", 1);
+  bool seen = false;
+  for (const auto& s : allSettings()) {
+    if (std::string(s.name) != "BRAID_SECRET") continue;
+    seen = true;
+    EXPECT_EQ(std::string(s.type), "secret");
+    EXPECT_EQ(s.currentValue().find("do-not-print-me"), std::string::npos) << s.currentValue();
+  }
+  ::unsetenv("BRAID_SECRET");
+  EXPECT_TRUE(seen);
+}
+
+}  // namespace
+}  // namespace braid
