@@ -147,7 +147,10 @@ PYBIND11_MODULE(_C, m) {
       .def("abort", &braid::ProcessGroupBraid::abort, py::call_guard<py::gil_scoped_release>(),
            "Fails every pending and queued op now; ranks blocked in an op return at once.")
       .def("set_timeout", &braid::ProcessGroupBraid::setTimeout, py::arg("timeout"),
-           "The timeout of ops issued from now on (ops already issued keep theirs).");
+           "The timeout of ops issued from now on (ops already issued keep theirs).")
+      .def("_fr_describe", &braid::ProcessGroupBraid::describeForRecorder, py::arg("name"),
+           py::arg("global_ranks"),
+           "The group's name and members' global ranks, for the flight recorder's dumps.");
   m.def("build_info", &buildInfo);
   m.def("settings", &settings);
   for (auto& part : braid::python::parts()) part.second(m);

@@ -55,6 +55,8 @@ ProcessGroupBraid::ProcessGroupBraid(const c10::intrusive_ptr<c10d::Store>& stor
   opts.timeout = timeout;
   engine_ = std::make_unique<Engine>(transport::shm::ShmWindow::create(adapted, rank, size, opts),
                                      timeout);
+  fr_ = std::make_unique<GroupRecorder>(store, "braid/" + std::to_string((ticket - 1) / size) + "/",
+                                        rank, size);
   BRAID_LOG(kInfo, "backend", rank) << "group '" << groupName << "' of " << size
                                     << " ranks ready (shared memory)";
 }
@@ -64,11 +66,26 @@ ProcessGroupBraid::~ProcessGroupBraid() { abort(); }
 void ProcessGroupBraid::shutdown() {
   if (!engine_) return;
   engine_->drain();
+  if (fr_) fr_->dumpIfAsked();  // Note [Flight-recorder dumps]
   engine_->shutdown();
 }
 
 void ProcessGroupBraid::abort() {
+  if (fr_) fr_->dumpIfAsked();
   if (engine_) engine_->shutdown();
+}
+
+uint64_t ProcessGroupBraid::frRecord(c10d::OpType type, c10::ArrayRef<at::Tensor> inputs,
+                                     c10::ArrayRef<at::Tensor> outputs, int peer) {
+  if (!fr_->on()) return 0;
+  if (!frNamed_.load(std::memory_order_relaxed)) nameForRecorder();
+  return fr_->record(type, inputs, outputs, timeout().count(), peer);
+}
+
+void ProcessGroupBraid::nameForRecorder() {
+  auto nd = compat::groupNameAndDesc(*this);
+  fr_->describe(nd.first, nd.second, {});
+  frNamed_.store(true, std::memory_order_relaxed);
 }
 
 void ProcessGroupBraid::setTimeout(std::chrono::milliseconds timeout) {
@@ -89,24 +106,30 @@ OpDesc ProcessGroupBraid::desc(OpKind kind, std::chrono::milliseconds optTimeout
 
 c10::intrusive_ptr<c10d::Work> ProcessGroupBraid::launch(c10d::OpType type, const char* title,
                                                          std::vector<at::Tensor> outputs,
-                                                         Body body) {
+                                                         Body body,
+                                                         c10::ArrayRef<at::Tensor> inputs) {
+  uint64_t frId = frRecord(type, inputs, outputs);
   auto work = c10::make_intrusive<WorkBraid>(getRank(), type, title, std::move(outputs));
   launched_.fetch_add(1);
   Engine* engine = engine_.get();
+  GroupRecorder* fr = fr_.get();  // outlives every job: see abort()
   Engine::Job job;
-  job.run = [engine, body = std::move(body)]() -> std::exception_ptr {
+  job.run = [engine, fr, frId, body = std::move(body)]() -> std::exception_ptr {
+    fr->started(frId);
+    std::exception_ptr error;
     try {
       body();
-      return nullptr;
     } catch (const TimeoutError& e) {
       engine->comm().markBroken(e.what());  // ranks are out of step now
-      return std::current_exception();
+      error = std::current_exception();
     } catch (const PeerLostError& e) {
       engine->comm().markBroken(e.what());
-      return std::current_exception();
+      error = std::current_exception();
     } catch (...) {
-      return std::current_exception();
+      error = std::current_exception();
     }
+    fr->finished(frId, error);
+    return error;
   };
   job.finish = [work](std::exception_ptr e) { work->markDone(e); };
   uint64_t id = engine_->submit(std::move(job));
