@@ -29,6 +29,10 @@ BRAID_SETTING_STRING(kDumpFile, "BRAID_FR_DUMP_FILE", "",
                      "Path prefix of flight-recorder dumps; each rank writes <prefix><rank> "
                      "(e.g. /tmp/braid_fr_ gives /tmp/braid_fr_0). Empty: no dumps on failure "
                      "or exit.");
+// Read by torch_braid's import, which registers the dump with atexit.
+BRAID_SETTING_BOOL(kDumpOnExit, "BRAID_FR_DUMP_ON_EXIT", false,
+                   "Write the flight recorder's dump when the Python process exits (needs "
+                   "BRAID_FR_DUMP_FILE).");
 // Off by default: reading the frames takes the GIL on the caller's thread,
 // which costs far more than the rest of the record (microseconds, and a wait
 // whenever another thread holds the GIL).
@@ -86,6 +90,8 @@ bool isCommFailure(const std::exception_ptr& e) {
 }  // namespace
 
 void setStackCapture(StackCapture f) { stackCapture.store(f); }
+
+bool dumpOnExit() { return kDumpOnExit.get(); }
 
 GroupRecorder::GroupRecorder(c10::intrusive_ptr<c10d::Store> store, std::string storePrefix,
                              int rank, int size)

@@ -61,6 +61,9 @@ class GroupRecorder {
   std::atomic<bool> named_{false};
 };
 
+// BRAID_FR_DUMP_ON_EXIT: torch_braid dumps at exit.
+bool dumpOnExit();
+
 // Writes the process's dump to `${prefix}<rank>` (torch's TORCH_FR_DUMP_TEMP_FILE
 // convention); returns the path. Throws on failure.
 std::string dumpFlightRecorder(const std::string& prefix);

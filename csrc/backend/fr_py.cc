@@ -73,6 +73,7 @@ BRAID_PY_PART(flight_recorder, m) {
   m.def("fr_dump", &braid::dumpFlightRecorder, py::arg("prefix"),
         py::call_guard<py::gil_scoped_release>(),
         "Writes the flight recorder's dump to <prefix><rank>; returns the path.");
+  m.def("fr_dump_on_exit", &braid::dumpOnExit);
   m.def("fr_set_rank", [](int rank) { braid::fr::Recorder::global().setProcessRank(rank); },
         "The rank in dump file names (default: the rank in the process's first group).");
 }
