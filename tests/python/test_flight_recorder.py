@@ -144,8 +144,10 @@ def test_torch_tools_read_the_dump(timeout_dumps, tmp_path):
     details, version = loader.read_dir(args)
     assert version == "2.10" and len(details) == 3
     db = builder.build_db(details, args, version)
-    stuck = [c for c in db.collectives if not c.pass_check]
-    assert stuck and stuck[0].collective_seq_id == 4 and stuck[0].missing_ranks == {1}, stuck
+    # "Not all ranks joining collective, sequence number: 4 ... missing ranks: {1}"
+    stuck = [c for c in db.collectives if c.missing_ranks]
+    assert [(c.collective_seq_id, c.missing_ranks, c.collective_name) for c in stuck] == [
+        (4, {1}, "gloo:all_reduce")], db.collectives
 
 
 def test_on_demand_dump_matches_the_ops(tmp_path):
