@@ -4,8 +4,13 @@
 #include <sys/syscall.h>
 #include <unistd.h>
 
+#if defined(__x86_64__)
+#include <x86intrin.h>
+#endif
+
 #include <algorithm>
 #include <chrono>
+#include <thread>
 #include <cerrno>
 #include <cstdio>
 #include <cstring>
@@ -29,6 +34,16 @@ int64_t nowNs() {
   return std::chrono::duration_cast<std::chrono::nanoseconds>(
              std::chrono::system_clock::now().time_since_epoch())
       .count();
+}
+
+int64_t ticks() {
+#if defined(__x86_64__)
+  return static_cast<int64_t>(__rdtsc());
+#else
+  return std::chrono::duration_cast<std::chrono::nanoseconds>(
+             std::chrono::steady_clock::now().time_since_epoch())
+      .count();
+#endif
 }
 
 namespace {
@@ -67,7 +82,7 @@ bool Op::addOutput(const char* dtype, const int64_t* shape, int ndim) {
   return addTensor(*this, &nOut, outDims, outTypes, dtype, shape, ndim);
 }
 
-Recorder::Recorder(size_t capacity) : ring_(capacity) {}
+Recorder::Recorder(size_t capacity) : tick0_(ticks()), wall0_(nowNs()), ring_(capacity) {}
 
 Recorder& Recorder::global() {
   // Never destroyed: ops may finish on other threads during exit.
@@ -121,7 +136,7 @@ int Recorder::processRank() const {
 
 uint64_t Recorder::record(const Op& op) {
   if (ring_.empty()) return 0;
-  const int64_t now = nowNs();
+  const int64_t now = ticks();
   const ThreadInfo& t = thisThread();
   std::lock_guard<std::mutex> lock(mu_);
   if (op.group >= groups_.size()) return 0;
@@ -154,7 +169,7 @@ Entry* Recorder::find(uint64_t id) {
 
 void Recorder::started(uint64_t id) {
   if (id == 0) return;
-  const int64_t now = nowNs();
+  const int64_t now = ticks();
   std::lock_guard<std::mutex> lock(mu_);
   Entry* e = find(id);
   if (!e) return;
@@ -167,7 +182,7 @@ void Recorder::started(uint64_t id) {
 
 void Recorder::finished(uint64_t id, bool timedOut) {
   if (id == 0) return;
-  const int64_t now = nowNs();
+  const int64_t now = ticks();
   std::lock_guard<std::mutex> lock(mu_);
   Entry* e = find(id);
   if (!e) return;
@@ -229,8 +244,17 @@ std::string profilingName(const Op& op, int rank) {
   return name + " " + std::to_string(rank) + (send ? "->" : "<-") + std::to_string(op.peer);
 }
 
+// Note [Flight-recorder clock]: ticks to wall-clock ns.
+struct TickConverter {
+  int64_t tick0, wall0;
+  double nsPerTick;
+  int64_t operator()(int64_t t) const {
+    return wall0 + static_cast<int64_t>(static_cast<double>(t - tick0) * nsPerTick);
+  }
+};
+
 void writeEntry(PickleWriter& w, const Entry& e, const std::string& groupName,
-                const std::string& groupDesc, int rank) {
+                const std::string& groupDesc, int rank, const TickConverter& wall) {
   const Op& op = e.op;
   w.beginDict();
   if (op.frames) {
@@ -255,9 +279,10 @@ void writeEntry(PickleWriter& w, const Entry& e, const std::string& groupName,
   w.str("p2p_seq_id"); w.integer(static_cast<int64_t>(e.p2pSeq));
   w.str("op_id"); w.integer(static_cast<int64_t>(e.opId));
   w.str("profiling_name"); w.str(profilingName(op, rank));
-  w.str("time_created_ns"); w.integer(e.createdNs);
+  w.str("time_created_ns"); w.integer(wall(e.createdNs));
   if (e.startedNs && e.completedNs) {
-    w.str("duration_ms"); w.real(static_cast<double>(e.completedNs - e.startedNs) / 1e6);
+    w.str("duration_ms");
+    w.real(static_cast<double>(wall(e.completedNs) - wall(e.startedNs)) / 1e6);
   }
   int at = 0;
   w.str("input_sizes"); writeSizes(w, op, op.inDims, op.nIn, &at);
@@ -267,9 +292,9 @@ void writeEntry(PickleWriter& w, const Entry& e, const std::string& groupName,
   w.str("state");
   w.str(e.completedNs ? "completed" : e.startedNs ? "started" : "scheduled");
   w.str("time_discovered_started_ns");
-  if (e.startedNs) w.integer(e.startedNs); else w.none();
+  if (e.startedNs) w.integer(wall(e.startedNs)); else w.none();
   w.str("time_discovered_completed_ns");
-  if (e.completedNs) w.integer(e.completedNs); else w.none();
+  if (e.completedNs) w.integer(wall(e.completedNs)); else w.none();
   w.str("retired"); w.boolean(e.retired);
   w.str("timeout_ms"); w.integer(op.timeoutMs);
   w.str("is_p2p"); w.boolean(op.isP2P);
@@ -278,6 +303,17 @@ void writeEntry(PickleWriter& w, const Entry& e, const std::string& groupName,
 }  // namespace
 
 std::string Recorder::dumpPickle() const {
+  // The second (ticks, wall clock) pair, at least 1 ms after the first.
+  int64_t wall1 = nowNs();
+  while (wall1 - wall0_ < 1000000) {
+    std::this_thread::sleep_for(std::chrono::microseconds(200));
+    wall1 = nowNs();
+  }
+  const int64_t tick1 = ticks();
+  const TickConverter wall{tick0_, wall0_,
+                           tick1 > tick0_ ? static_cast<double>(wall1 - wall0_) /
+                                                static_cast<double>(tick1 - tick0_)
+                                          : 1.0};
   std::vector<Entry> es = entries();
   std::vector<Group> groups;
   int processRank;
@@ -318,7 +354,7 @@ std::string Recorder::dumpPickle() const {
   w.beginList();
   for (const Entry& e : es) {
     const Group* g = e.op.group < groups.size() ? &groups[e.op.group] : nullptr;
-    writeEntry(w, e, g ? g->name : "?", g ? g->desc : "undefined", g ? g->rank : 0);
+    writeEntry(w, e, g ? g->name : "?", g ? g->desc : "undefined", g ? g->rank : 0, wall);
   }
   w.end();
   w.end();
