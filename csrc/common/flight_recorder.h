@@ -49,10 +49,12 @@ struct Op {
   int64_t timeoutMs = 0;
   uint8_t nIn = 0, nOut = 0;
   uint8_t nDims = 0;         // used entries of dims[]
-  uint8_t inDims[kMaxTensors] = {}, outDims[kMaxTensors] = {};
-  const char* inTypes[kMaxTensors] = {};   // static: "Float", "BFloat16", ...
-  const char* outTypes[kMaxTensors] = {};
-  int64_t dims[kMaxDims] = {};
+  // Only the first nIn / nOut / nDims entries are set: the arrays are left
+  // uninitialized, and record() copies the used part only.
+  uint8_t inDims[kMaxTensors], outDims[kMaxTensors];
+  const char* inTypes[kMaxTensors];   // static: "Float", "BFloat16", ...
+  const char* outTypes[kMaxTensors];
+  int64_t dims[kMaxDims];
   Frames frames;             // only when Python stacks are recorded
 
   // Adds one tensor's dtype and shape; false when the op's arrays are full.
