@@ -74,6 +74,8 @@ BRAID_PY_PART(flight_recorder, m) {
         py::call_guard<py::gil_scoped_release>(),
         "Writes the flight recorder's dump to <prefix><rank>; returns the path.");
   m.def("fr_dump_on_exit", &braid::dumpOnExit);
+  m.def("_fr_pause", [](bool p) { braid::fr::Recorder::global().setPaused(p); },
+        "Benchmarks only: record nothing while paused (benchmarks/fr_overhead.py).");
   m.def("fr_set_rank", [](int rank) { braid::fr::Recorder::global().setProcessRank(rank); },
         "The rank in dump file names (default: the rank in the process's first group).");
 }

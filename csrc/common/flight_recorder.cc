@@ -135,7 +135,7 @@ int Recorder::processRank() const {
 }
 
 uint64_t Recorder::record(const Op& op) {
-  if (ring_.empty()) return 0;
+  if (ring_.empty() || paused_.load(std::memory_order_relaxed)) return 0;
   const int64_t now = ticks();
   const ThreadInfo& t = thisThread();
   std::lock_guard<std::mutex> lock(mu_);

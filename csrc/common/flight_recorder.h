@@ -87,6 +87,9 @@ class Recorder {
   static Recorder& global();
 
   bool enabled() const { return !ring_.empty(); }
+  // Benchmarks only (benchmarks/fr_overhead.py): while paused, record()
+  // returns 0 as when the recorder is off, so one process can time both.
+  void setPaused(bool p) { paused_.store(p, std::memory_order_relaxed); }
   size_t capacity() const { return ring_.size(); }
 
   // A group and this process's rank in it. `ranks` are the members' global
@@ -130,6 +133,7 @@ class Recorder {
   Entry* find(uint64_t id);  // with mu_ held
 
   mutable std::mutex mu_;
+  std::atomic<bool> paused_{false};
   int64_t tick0_, wall0_;  // Note [Flight-recorder clock]
   std::vector<Entry> ring_;
   uint64_t next_ = 0;  // records so far
