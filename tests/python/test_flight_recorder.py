@@ -151,7 +151,8 @@ def test_torch_tools_read_the_dump(timeout_dumps, tmp_path):
 
 
 def test_on_demand_dump_matches_the_ops(tmp_path):
-    out, _ = _run("ops", 2, tmp_path, lambda r: {"BRAID_FR_BUFFER_SIZE": "4"} if r == 1 else {})
+    out, _ = _run("ops", 2, tmp_path, lambda r: {"BRAID_FR_BUFFER_SIZE": "4"} if r == 1 else
+                  {"BRAID_FR_STACKS": "1"})
     d0 = _load(out / "fr_0")
     rows = [(e["profiling_name"], e["collective_seq_id"], e["p2p_seq_id"], e["is_p2p"],
              e["input_sizes"], e["input_dtypes"], e["output_sizes"], e["output_dtypes"],
@@ -168,7 +169,15 @@ def test_on_demand_dump_matches_the_ops(tmp_path):
     for e in d0["entries"]:
         assert e["time_created_ns"] <= e["time_discovered_started_ns"] <= \
             e["time_discovered_completed_ns"]
-    # Rank 1 keeps its last 4 ops only: the ring wrapped.
+    # BRAID_FR_STACKS=1 on rank 0: each entry has the Python stack, innermost first.
+    for e in d0["entries"]:
+        names = [f["name"] for f in e["frames"]]
+        assert "ops" in names and "<module>" in names, e["frames"]
+        assert all(f["filename"] and f["line"] > 0 for f in e["frames"]), e["frames"]
+    first = [f["name"] for f in d0["entries"][0]["frames"][:3]]
+    assert "all_reduce" in first, first
+    # Rank 1 keeps its last 4 ops only: the ring wrapped, and has no stacks.
+    assert all("frames" not in e for e in _load(out / "fr_1")["entries"])
     d1 = _load(out / "fr_1")
     assert [e["record_id"] for e in d1["entries"]] == [1, 2, 3, 4]
     assert [e["profiling_name"] for e in d1["entries"]] == [
