@@ -19,6 +19,21 @@ using collectives::OpKind;
 
 namespace {
 
+c10d::OpType opTypeOf(OpKind k) {
+  switch (k) {
+    case OpKind::kAllreduce: return c10d::OpType::ALLREDUCE;
+    case OpKind::kBroadcast: return c10d::OpType::BROADCAST;
+    case OpKind::kReduce: return c10d::OpType::REDUCE;
+    case OpKind::kAllgather: return c10d::OpType::ALLGATHER;
+    case OpKind::kGather: return c10d::OpType::GATHER;
+    case OpKind::kScatter: return c10d::OpType::SCATTER;
+    case OpKind::kReduceScatter: return c10d::OpType::REDUCE_SCATTER;
+    case OpKind::kAlltoall: return c10d::OpType::ALLTOALL;
+    case OpKind::kBarrier: return c10d::OpType::BARRIER;
+  }
+  return c10d::OpType::UNKNOWN;
+}
+
 std::string bytesToString(const std::vector<uint8_t>& v) { return {v.begin(), v.end()}; }
 
 // Note [Same-host membership]
@@ -168,13 +183,19 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupBraid::guarded(
     OpDesc d = desc(kind, std::chrono::milliseconds(0));
     d.localError = e.what();
     Engine* engine = engine_.get();
+    // The poison op takes a sequence number as the peers' op does, so that
+    // the ranks' flight records stay aligned (Note [Flight recorder]).
+    const uint64_t frId = frRecord(opTypeOf(kind), {}, {});
+    GroupRecorder* fr = fr_.get();
     Engine::Job job;
-    job.run = [engine, d]() -> std::exception_ptr {
+    job.run = [engine, d, fr, frId]() -> std::exception_ptr {
+      fr->started(frId);
       try {
         collectives::failOp(engine->comm(), d);
       } catch (...) {
         // Our own error already reached the caller.
       }
+      fr->finished(frId, nullptr);
       return nullptr;
     };
     engine_->submit(std::move(job));

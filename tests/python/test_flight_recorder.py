@@ -164,13 +164,16 @@ def test_on_demand_dump_matches_the_ops(tmp_path):
          "completed"),
         ("braid:send 0->1", 3, 1, True, [[7]], ["BFloat16"], [[7]], ["BFloat16"], "completed"),
         ("braid:barrier", 4, 1, False, [], [], [], [], "completed"),
+        # rank 0's BAND on float32 failed its checks on the caller's thread: no tensors
+        ("braid:all_reduce", 5, 1, False, [], [], [], [], "completed"),
+        ("braid:barrier", 6, 1, False, [], [], [], [], "completed"),
     ]
-    assert [e["record_id"] for e in d0["entries"]] == [0, 1, 2, 3, 4]
+    assert [e["record_id"] for e in d0["entries"]] == [0, 1, 2, 3, 4, 5, 6]
     for e in d0["entries"]:
         assert e["time_created_ns"] <= e["time_discovered_started_ns"] <= \
             e["time_discovered_completed_ns"]
     # BRAID_FR_STACKS=1 on rank 0: each entry has the Python stack, innermost first.
-    for e in d0["entries"]:
+    for e in d0["entries"][:5] + d0["entries"][6:]:
         names = [f["name"] for f in e["frames"]]
         assert "ops" in names and "<module>" in names, e["frames"]
         assert all(f["filename"] and f["line"] > 0 for f in e["frames"]), e["frames"]
@@ -179,9 +182,11 @@ def test_on_demand_dump_matches_the_ops(tmp_path):
     # Rank 1 keeps its last 4 ops only: the ring wrapped, and has no stacks.
     assert all("frames" not in e for e in _load(out / "fr_1")["entries"])
     d1 = _load(out / "fr_1")
-    assert [e["record_id"] for e in d1["entries"]] == [1, 2, 3, 4]
-    assert [e["profiling_name"] for e in d1["entries"]] == [
-        "braid:broadcast", "braid:all_gather", "braid:recv 1<-0", "braid:barrier"]
+    assert [e["record_id"] for e in d1["entries"]] == [3, 4, 5, 6]
+    assert [(e["profiling_name"], e["collective_seq_id"]) for e in d1["entries"]] == [
+        ("braid:recv 1<-0", 3), ("braid:barrier", 4), ("braid:all_reduce", 5),
+        ("braid:barrier", 6)]
+    assert d1["entries"][2]["input_sizes"] == [[3]]  # rank 1's own op, failed by the poison
 
 
 def test_buffer_size_zero_records_nothing(tmp_path):

@@ -47,6 +47,14 @@ def ops():
     else:
         dist.recv(msg, src=0)
     dist.barrier()
+    # Rank 0's arguments fail its own checks (a poison header tells rank 1):
+    # both still record one op, so the sequence numbers stay aligned.
+    op = dist.ReduceOp.BAND if RANK == 0 else dist.ReduceOp.SUM  # BAND: no floats
+    try:
+        dist.all_reduce(torch.zeros(3), op=op)
+    except RuntimeError as e:
+        print("CAUGHT " + str(e).splitlines()[0], flush=True)
+    dist.barrier()  # runs after the poison op: the dump sees it completed
     torch_braid.fr.dump(os.path.join(OUT, "fr_"))
     dist.destroy_process_group()
 
