@@ -75,5 +75,14 @@ c10::intrusive_ptr<c10d::ProcessGroup> wrapAsProcessGroup(
 #endif
 }
 
+std::pair<std::string, std::string> groupNameAndDesc(const BackendBase& backend) {
+#if BRAID_TORCH2
+  return {backend.getGroupUid(), backend.getGroupDesc()};
+#else
+  (void)backend;
+  return {"", ""};
+#endif
+}
+
 }  // namespace compat
 }  // namespace braid

@@ -77,6 +77,10 @@ void applyLibuvSetting(c10d::TCPStoreOptions* opts);
 // either type work. Other errors pass through unchanged.
 std::exception_ptr asTorchError(std::exception_ptr error);
 
+// The name and description torch gave a backend's group (2.x sets them after
+// creating it); empty strings on 1.13, which has neither.
+std::pair<std::string, std::string> groupNameAndDesc(const BackendBase& backend);
+
 // Wraps a braid backend as a c10d::ProcessGroup (itself on 1.13).
 c10::intrusive_ptr<c10d::ProcessGroup> wrapAsProcessGroup(
     const c10::intrusive_ptr<BackendBase>& backend, const c10::intrusive_ptr<c10d::Store>& store);

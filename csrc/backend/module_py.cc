@@ -165,7 +165,10 @@ PYBIND11_MODULE(_C, m) {
            "The timeout of ops issued from now on (ops already issued keep theirs).")
       .def("errored", &erroredAsException,
            "torchft's errored(): the error that made the group unusable (a timeout, a lost "
-           "peer, abort()), as an exception object, or None while the group is usable.");
+           "peer, abort()), as an exception object, or None while the group is usable.")
+      .def("_fr_describe", &braid::ProcessGroupBraid::describeForRecorder, py::arg("name"),
+           py::arg("global_ranks"),
+           "The group's name and members' global ranks, for the flight recorder's dumps.");
   m.def("build_info", &buildInfo);
   m.def("settings", &settings);
   for (auto& part : braid::python::parts()) part.second(m);

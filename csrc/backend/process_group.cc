@@ -20,14 +20,29 @@ using collectives::OpKind;
 
 namespace {
 
-// Groups across hosts need the TCP transport (not built yet): refuse them
-// with the layout, which the topology has decided (Note [Group topology]).
+c10d::OpType opTypeOf(OpKind k) {
+  switch (k) {
+    case OpKind::kAllreduce: return c10d::OpType::ALLREDUCE;
+    case OpKind::kBroadcast: return c10d::OpType::BROADCAST;
+    case OpKind::kReduce: return c10d::OpType::REDUCE;
+    case OpKind::kAllgather: return c10d::OpType::ALLGATHER;
+    case OpKind::kGather: return c10d::OpType::GATHER;
+    case OpKind::kScatter: return c10d::OpType::SCATTER;
+    case OpKind::kReduceScatter: return c10d::OpType::REDUCE_SCATTER;
+    case OpKind::kAlltoall: return c10d::OpType::ALLTOALL;
+    case OpKind::kBarrier: return c10d::OpType::BARRIER;
+  }
+  return c10d::OpType::UNKNOWN;
+}
+
+// Groups across hosts need the TCP transport, which no collective uses yet:
+// refuse them, with the layout the topology found (Note [Group topology]).
 void requireOneHost(const transport::Topology& topo, int rank) {
   if (topo.singleHost()) return;
   BRAID_THROW(Error, "init", rank, "group spans hosts: rank ", rank, " runs on '",
               topo.identityOf(topo.host()), "' and the group has ", topo.describe(),
-              "; braid supports groups within one host for now (its TCP transport is not "
-              "available yet): use gloo for this group");
+              "; braid runs groups within one host for now (its TCP transport is not used by "
+              "the collectives yet): use gloo for this group");
 }
 
 }  // namespace
@@ -47,6 +62,8 @@ ProcessGroupBraid::ProcessGroupBraid(const c10::intrusive_ptr<c10d::Store>& stor
   opts.timeout = timeout;
   engine_ = std::make_unique<Engine>(transport::shm::ShmWindow::create(adapted, rank, size, opts),
                                      timeout);
+  fr_ = std::make_unique<GroupRecorder>(store, "braid/" + std::to_string((ticket - 1) / size) + "/",
+                                        rank, size);
   BRAID_LOG(kInfo, "backend", rank) << "group '" << groupName << "' of " << size
                                     << " ranks ready (shared memory)";
 }
@@ -56,18 +73,33 @@ ProcessGroupBraid::~ProcessGroupBraid() { abort(); }
 void ProcessGroupBraid::shutdown() {
   if (!engine_) return;
   engine_->drain();
+  if (fr_) fr_->dumpIfAsked();  // Note [Flight-recorder dumps]
   engine_->shutdown();
 }
 
 void ProcessGroupBraid::abort() {
   firstError_->record("braid: the group was aborted (abort() on rank " +
                       std::to_string(getRank()) + ")");
+  if (fr_) fr_->dumpIfAsked();
   if (engine_) engine_->shutdown();
 }
 
 std::string ProcessGroupBraid::errored() const {
   std::lock_guard<std::mutex> lock(firstError_->mu);
   return firstError_->what;
+}
+
+uint64_t ProcessGroupBraid::frRecord(c10d::OpType type, c10::ArrayRef<at::Tensor> inputs,
+                                     c10::ArrayRef<at::Tensor> outputs, int peer) {
+  if (!fr_->on()) return 0;
+  if (!frNamed_.load(std::memory_order_relaxed)) nameForRecorder();
+  return fr_->record(type, inputs, outputs, timeout().count(), peer);
+}
+
+void ProcessGroupBraid::nameForRecorder() {
+  auto nd = compat::groupNameAndDesc(*this);
+  fr_->describe(nd.first, nd.second, {});
+  frNamed_.store(true, std::memory_order_relaxed);
 }
 
 void ProcessGroupBraid::setTimeout(std::chrono::milliseconds timeout) {
@@ -88,26 +120,33 @@ OpDesc ProcessGroupBraid::desc(OpKind kind, std::chrono::milliseconds optTimeout
 
 c10::intrusive_ptr<c10d::Work> ProcessGroupBraid::launch(c10d::OpType type, const char* title,
                                                          std::vector<at::Tensor> outputs,
-                                                         Body body) {
+                                                         Body body,
+                                                         c10::ArrayRef<at::Tensor> inputs) {
+  uint64_t frId = frRecord(type, inputs, outputs);
   auto work = c10::make_intrusive<WorkBraid>(getRank(), type, title, std::move(outputs));
   launched_.fetch_add(1);
   Engine* engine = engine_.get();
+  GroupRecorder* fr = fr_.get();  // outlives every job: see abort()
   Engine::Job job;
-  job.run = [engine, errors = firstError_, body = std::move(body)]() -> std::exception_ptr {
+  job.run = [engine, fr, frId, errors = firstError_,
+             body = std::move(body)]() -> std::exception_ptr {
+    fr->started(frId);
+    std::exception_ptr error;
     try {
       body();
-      return nullptr;
     } catch (const TimeoutError& e) {
       engine->comm().markBroken(e.what());  // ranks are out of step now
       errors->record(e.what());
-      return std::current_exception();
+      error = std::current_exception();
     } catch (const PeerLostError& e) {
       engine->comm().markBroken(e.what());
       errors->record(e.what());
-      return std::current_exception();
+      error = std::current_exception();
     } catch (...) {
-      return std::current_exception();
+      error = std::current_exception();
     }
+    fr->finished(frId, error);
+    return error;
   };
   job.finish = [work](std::exception_ptr e) { work->markDone(e); };
   uint64_t id = engine_->submit(std::move(job));
@@ -146,13 +185,19 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupBraid::guarded(
     OpDesc d = desc(kind, std::chrono::milliseconds(0));
     d.localError = e.what();
     Engine* engine = engine_.get();
+    // The poison op takes a sequence number as the peers' op does, so that
+    // the ranks' flight records stay aligned (Note [Flight recorder]).
+    const uint64_t frId = frRecord(opTypeOf(kind), {}, {});
+    GroupRecorder* fr = fr_.get();
     Engine::Job job;
-    job.run = [engine, d]() -> std::exception_ptr {
+    job.run = [engine, d, fr, frId]() -> std::exception_ptr {
+      fr->started(frId);
       try {
         collectives::failOp(engine->comm(), d);
       } catch (...) {
         // Our own error already reached the caller.
       }
+      fr->finished(frId, nullptr);
       return nullptr;
     };
     engine_->submit(std::move(job));

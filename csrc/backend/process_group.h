@@ -11,6 +11,7 @@
 #include <string>
 
 #include "backend/compat.h"
+#include "backend/flight_recording.h"
 #include "collectives/communicator.h"
 
 namespace braid {
@@ -123,8 +124,10 @@ class ProcessGroupBraid : public compat::BackendBase {
  private:
   using Body = std::function<void()>;
   // Runs body on the worker; its Work completes with `outputs` or the error.
+  // `inputs` (for the flight recorder) empty: the op works in place.
   c10::intrusive_ptr<c10d::Work> launch(c10d::OpType type, const char* title,
-                                        std::vector<at::Tensor> outputs, Body body);
+                                        std::vector<at::Tensor> outputs, Body body,
+                                        c10::ArrayRef<at::Tensor> inputs = {});
   // Runs `check` (argument checks and launch) on the caller's thread; when it
   // throws, tells the peers through a poison header (Note [Op headers]).
   c10::intrusive_ptr<c10d::Work> guarded(collectives::OpKind kind,
@@ -166,6 +169,19 @@ class ProcessGroupBraid : public compat::BackendBase {
   std::vector<c10::intrusive_ptr<c10d::Work>> coalesced_;
   std::atomic<uint64_t> monitoredBarriers_{0};  // numbers each call's messages
   std::unique_ptr<Engine> engine_;
+  std::unique_ptr<GroupRecorder> fr_;  // Note [Flight recorder]
+  std::atomic<bool> frNamed_{false};   // torch's name for the group was read
+  void nameForRecorder();
+  // Records a scheduled op (0: the recorder is off); p2p ops give the peer.
+  uint64_t frRecord(c10d::OpType type, c10::ArrayRef<at::Tensor> inputs,
+                    c10::ArrayRef<at::Tensor> outputs, int peer = -2);
+
+ public:
+  // torch 2.x tells (through torch_braid's creator) the group's name and its
+  // members' global ranks; 1.13 does not, and dumps show 0..size-1.
+  void describeForRecorder(const std::string& name, const std::vector<int>& globalRanks) {
+    fr_->describe(name, "", globalRanks);
+  }
 };
 
 // A c10d::ProcessGroup that runs on braid, for C++ programs (on torch 2.x the

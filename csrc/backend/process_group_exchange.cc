@@ -41,7 +41,7 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupBraid::reduce_scatter(
       for (auto& t : ins) p.push_back(t.data_ptr());
       collectives::reduceScatter(e->comm(), d, p.data(), dst.data());
       dst.copyBack();
-    });
+    }, inputs[0]);
   });
 }
 
@@ -72,7 +72,7 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupBraid::_reduce_scatter_base(
                     for (int r = 0; r < n; ++r) p[r] = static_cast<uint8_t*>(src.data_ptr()) + r * bytes;
                     collectives::reduceScatter(e->comm(), d, p.data(), dst.data());
                     dst.copyBack();
-                  });
+                  }, input);
   });
 }
 
@@ -149,7 +149,7 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupBraid::alltoall_base(
                     d.recvBytes = recvB.data();
                     collectives::alltoall(e->comm(), d, ins.data(), outs.data());
                     dst.copyBack();
-                  });
+                  }, input);
   });
 }
 
@@ -190,7 +190,7 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupBraid::alltoall(std::vector<at::Tenso
                     d.recvBytes = recvB.data();
                     collectives::alltoall(e->comm(), d, ip.data(), op.data());
                     for (auto& s : outs) s.copyBack();
-                  });
+                  }, inputs);
   });
 }
 
@@ -209,15 +209,22 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupBraid::sendRecv(bool isSend,
                                              isSend ? "braid:send" : "braid:recv", tensors);
   std::chrono::milliseconds timeout = this->timeout();
   auto deadline = transport::Clock::now() + timeout;
+  const uint64_t frId =
+      frRecord(isSend ? c10d::OpType::SEND : c10d::OpType::RECV, {}, tensors, peer);
+  GroupRecorder* fr = fr_.get();  // the P2P thread is joined before it goes
   if (isSend) {
     auto st = Staged::in(t);
     engine_->p2p().postSend(peer, tag, st.data(), t.nbytes(), deadline, timeout,
-                            [work, st](std::exception_ptr e, int) { work->markDone(e, -1); });
+                            [work, st, fr, frId](std::exception_ptr e, int) {
+                              fr->finished(frId, e);
+                              work->markDone(e, -1);
+                            });
   } else {
     auto st = Staged::out(t);
     engine_->p2p().postRecv(peer, tag, st.data(), t.nbytes(), deadline, timeout,
-                            [work, st](std::exception_ptr e, int src) {
+                            [work, st, fr, frId](std::exception_ptr e, int src) {
                               if (!e) st.copyBack();
+                              fr->finished(frId, e);
                               work->markDone(e, src);
                             });
   }

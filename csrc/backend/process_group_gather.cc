@@ -59,7 +59,7 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupBraid::allgather(
     return launch(c10d::OpType::ALLGATHER, "braid:allgather", outputs[0], [e, d, src, outs] {
       collectives::allgather(e->comm(), d, src.data(), pointers(outs).data());
       copyBackAll(outs);
-    });
+    }, inputs);
   });
 }
 
@@ -81,7 +81,7 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupBraid::_allgather_base(
                   [e, d, src, dst, n] {
                     collectives::allgather(e->comm(), d, src.data(), slices(dst.buf, n).data());
                     dst.copyBack();
-                  });
+                  }, input);
   });
 }
 
@@ -139,7 +139,7 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupBraid::allgather_coalesced(
                         off += t.nbytes();
                       }
                     }
-                  });
+                  }, inputs);
   });
 }
 
@@ -171,7 +171,7 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupBraid::gather(
     return launch(c10d::OpType::GATHER, "braid:gather", outList, [e, d, src, outs] {
       collectives::gather(e->comm(), d, src.data(), pointers(outs).data());
       copyBackAll(outs);
-    });
+    }, inputs);
   });
 }
 
@@ -204,7 +204,7 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupBraid::scatter(
       for (auto& s : ins) p.push_back(s.data());
       collectives::scatter(e->comm(), d, p.data(), dst.data());
       dst.copyBack();
-    });
+    }, inputs.empty() ? c10::ArrayRef<at::Tensor>() : c10::ArrayRef<at::Tensor>(inputs[0]));
   });
 }
 

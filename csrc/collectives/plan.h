@@ -26,7 +26,7 @@
 //   can do, and the ranks agree on the result (direct reads only where every
 //   rank may read every other's memory).
 // BRAID_HOST_ID_OVERRIDE is exchanged when the group is created anyway (Note
-// [Same-host membership]). Settings that change only timing need not agree:
+// [Group topology]). Settings that change only timing need not agree:
 // spin times, timeouts, logging, and the kernels' SIMD level (every level
 // gives the scalar kernels' bits, as test_core_reduce.cc checks).
 #pragma once

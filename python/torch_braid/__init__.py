@@ -21,15 +21,29 @@ def _create_backend(store, rank, size, timeout):
     return _C.ProcessGroupBraid(store, rank, size, timeout)
 
 
+def _create_backend_extended(opts, backend_options=None):
+    # torch 2.x's extended creator also tells the group's name and its
+    # members' global ranks, which the flight recorder's dumps show.
+    pg = _C.ProcessGroupBraid(opts.store, opts.group_rank, opts.group_size, opts.timeout)
+    ranks = list(getattr(opts, "global_ranks_in_group", None) or range(opts.group_size))
+    pg._fr_describe(str(getattr(opts, "group_id", "") or ""), [int(r) for r in ranks])
+    return pg
+
+
 def _register():
     if getattr(dist.Backend, "BRAID", None) is not None:
         return  # already registered (module re-executed)
     kwargs = {}
-    if "devices" in inspect.signature(dist.Backend.register_backend).parameters:
+    params = inspect.signature(dist.Backend.register_backend).parameters
+    creator = _create_backend
+    if "devices" in params:
         # torch 2.x: the CPU path only, for now; CUDA tensors go to NCCL in
         # mixed configs such as "cpu:braid,cuda:nccl".
         kwargs["devices"] = ["cpu"]
-    dist.Backend.register_backend("braid", _create_backend, **kwargs)
+    if "extended_api" in params:
+        kwargs["extended_api"] = True
+        creator = _create_backend_extended
+    dist.Backend.register_backend("braid", creator, **kwargs)
 
 
 def build_info():
@@ -44,3 +58,19 @@ def settings():
 
 _register()
 _monitored_barrier.install()  # dist.monitored_barrier accepts braid groups
+
+def __getattr__(name):
+    # torch_braid.fr loads on first use, so that `python -m torch_braid.fr`
+    # does not find it imported already.
+    if name == "fr":
+        import importlib
+
+        return importlib.import_module(".fr", __name__)
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+
+
+if _C.fr_dump_on_exit():
+    import atexit
+    import importlib
+
+    atexit.register(lambda: importlib.import_module(".fr", __name__)._dump_at_exit())
