@@ -24,14 +24,50 @@ void WorkBraid::markDone(std::exception_ptr error, int sourceRank) {
   }
 }
 
-void WorkBraid::setJob(Engine::QueuePtr queue, uint64_t id) {
+void WorkBraid::setJob(Engine::QueuePtr queue, uint64_t id, transport::Clock::time_point deadline,
+                       std::chrono::milliseconds timeout, const char* op,
+                       std::shared_ptr<std::string> expiry) {
   queue_ = std::move(queue);
   jobId_ = id;
+  deadline_ = deadline;
+  timeout_ = timeout;
+  op_ = op;
+  expiry_ = std::move(expiry);
 }
 
 bool WorkBraid::wait(std::chrono::milliseconds timeout) {
-  if (queue_ && !isCompleted()) Engine::runHereIfNext(queue_, jobId_);
+  if (queue_ && !isCompleted()) {
+    Engine::runHereIfNext(queue_, jobId_);
+    // A wait without a timeout of its own ends by the op's deadline if the job
+    // never started (Note [A job that cannot start] in backend/engine.h).
+    if (timeout.count() == 0 && !isCompleted()) failIfNotStarted();  // 0: kNoTimeout
+  }
   return c10d::Work::wait(timeout);
+}
+
+void WorkBraid::failIfNotStarted() {
+  {
+    std::unique_lock<std::mutex> lock(mutex_);
+    // Normally the op completes (or fails by its own deadline) first: one
+    // wake-up, as before.
+    cv_.wait_until(lock, deadline_, [this] { return completed_; });
+    if (completed_) return;
+  }
+  std::string why;
+  bool expired = Engine::expireIfQueued(queue_, jobId_, [&] {
+    const int64_t since = queue_->finishingSince.load(std::memory_order_relaxed);
+    std::string busy = "the op before it on this rank has not returned";
+    if (since != 0) {
+      auto ms = std::chrono::duration_cast<std::chrono::milliseconds>(
+          transport::Clock::now().time_since_epoch() - transport::Clock::duration(since));
+      busy += strCat(" (the callbacks of its future have run for ", ms.count(),
+                     " ms: a callback that blocks holds the group's worker)");
+    }
+    why = errorText(op_, rank_, "Timed out after ", timeout_.count(),
+                    " ms before this op started: ", busy);
+    *expiry_ = why;
+  });
+  if (expired) markDone(std::make_exception_ptr(TimeoutError(why)));
 }
 
 int WorkBraid::sourceRank() const {

@@ -4,6 +4,8 @@
 #include <ATen/core/ivalue.h>
 
 #include <atomic>
+#include <memory>
+#include <string>
 
 #include "backend/compat.h"
 #include "backend/engine.h"
@@ -20,7 +22,11 @@ class WorkBraid : public c10d::Work {
 
   // The job that completes this Work, which wait() may run itself: see
   // Note [Running a job on the waiting thread] in backend/engine.h.
-  void setJob(Engine::QueuePtr queue, uint64_t id);
+  // `deadline` and `op` serve Note [A job that cannot start]; `expiry`
+  // receives the error text when wait() gives the job up (its `run` reads it).
+  void setJob(Engine::QueuePtr queue, uint64_t id, transport::Clock::time_point deadline,
+              std::chrono::milliseconds timeout, const char* op,
+              std::shared_ptr<std::string> expiry);
   bool wait(std::chrono::milliseconds timeout = std::chrono::milliseconds(0)) override;
 
   c10::intrusive_ptr<c10::ivalue::Future> getFuture() override { return future_; }
@@ -33,6 +39,13 @@ class WorkBraid : public c10d::Work {
   std::atomic<int> sourceRank_{-1};
   Engine::QueuePtr queue_;
   uint64_t jobId_ = 0;
+  transport::Clock::time_point deadline_;
+  std::chrono::milliseconds timeout_{0};
+  const char* op_ = "op";
+  std::shared_ptr<std::string> expiry_;
+
+  // Gives the job up if it has not started by its deadline.
+  void failIfNotStarted();
 };
 
 }  // namespace braid

@@ -15,6 +15,8 @@ runs in fresh processes, each in a session of its own. Asserted, per case:
   for rank(s) [P]" / "waiting for rank P" when it hangs; at least one survivor
   names the victim itself (the others may name a survivor that failed first);
 - every result before the fault was right (closed forms in inject.py);
+- cbhang: the victim's own next collective raises a timeout in the same bound
+  (only a callback hangs, not the rank);
 - every survivor exits 0, after destroying its group, with no braid thread left;
 - the victim ends as its fault says: exit code 0 or 1, SIGABRT, SIGKILL,
   SIGTERM; a hung victim is still alive when the survivors are done (the test
@@ -50,6 +52,9 @@ INJECT_AT = 5  # iterations 0-4 run (and are checked) before the fault
 CASE_DEADLINE_S = 120.0  # start (imports) + init + fault + exit, for every process
 OPS = {"allreduce": "allreduce", "broadcast": "broadcast", "allgather": "allgather",
        "alltoall": "alltoall", "sendrecv": "(?:send|recv)", "ddp": "allreduce"}
+# cbhang: families whose victim must raise too, from its next op (ddp's victim
+# waits in backward for its own hook's future, which the hung callback holds).
+VICTIM_RAISES = {"allreduce", "broadcast", "allgather", "alltoall"}
 VICTIM_CODE = {"exit0": 0, "exit1": 1, "abort": -signal.SIGABRT, "sigkill": -signal.SIGKILL,
                "sigterm": -signal.SIGTERM}
 
@@ -191,7 +196,8 @@ def run_case(n, family, fault, tmp_path):
     return dict(victim=victim, survivors=survivors, procs=procs, pids=pids, killed=killed,
                 victim_alive_after=victim_alive_after, orphans=orphans, leaks=leaks, outs=outs,
                 t0=_read_json(tmp_path / "t0"),
-                reports={r: _read_json(tmp_path / f"report.{r}.json") for r in range(n)})
+                reports={r: _read_json(tmp_path / f"report.{r}.json") for r in range(n)},
+                caught={r: _read_json(tmp_path / f"caught.{r}.json") for r in range(n)})
 
 
 NAMED = re.compile(r"rank (\d+) \(pid \d+\) exited|rank (\d+) left the group|"
@@ -221,6 +227,19 @@ def check_case(n, family, fault, res):
         return problems
     if fault == "cbhang" and t0.get("thread") != "callback":
         problems.append(f"the victim's callback ran on the {t0.get('thread')} thread, not braid's")
+    if fault == "cbhang" and family in VICTIM_RAISES:
+        # Only a callback hangs: the victim's next op must not wait for ever
+        # (Note [A job that cannot start] in csrc/backend/engine.h).
+        got = res["caught"][victim]
+        if got is None:
+            problems.append(f"victim rank {victim}: its op after the hung callback never raised")
+        else:
+            late = got["t_raise"] - t0["t0"]
+            if late > PG_TIMEOUT_S + SLACK_S or not re.search(
+                    rf"braid {OPS[family]} \(rank {victim}\): Timed out after "
+                    rf"{int(PG_TIMEOUT_S * 1000)} ms", got["message"]):
+                problems.append(f"victim rank {victim} raised after {late:.2f} s: "
+                                f"{got['message']}")
     if fault in HANGS and not res["victim_alive_after"]:
         problems.append(f"hung victim rank {victim} exited before the survivors were done: "
                         f"{_describe(procs[victim].returncode)}")
