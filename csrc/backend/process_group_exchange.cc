@@ -209,6 +209,7 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupBraid::sendRecv(bool isSend,
                                              isSend ? "braid:send" : "braid:recv", tensors);
   std::chrono::milliseconds timeout = this->timeout();
   auto deadline = transport::Clock::now() + timeout;
+  work->setP2P(engine_->p2p().inCallbackSince(), deadline, timeout, op);
   if (isSend) {
     auto st = Staged::in(t);
     engine_->p2p().postSend(peer, tag, st.data(), t.nbytes(), deadline, timeout,
@@ -217,7 +218,9 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupBraid::sendRecv(bool isSend,
     auto st = Staged::out(t);
     engine_->p2p().postRecv(peer, tag, st.data(), t.nbytes(), deadline, timeout,
                             [work, st](std::exception_ptr e, int src) {
-                              if (!e) st.copyBack();
+                              // Not into a receive its waiter gave up (Note [A
+                              // stalled progress thread]).
+                              if (!e && !work->isCompleted()) st.copyBack();
                               work->markDone(e, src);
                             });
   }

@@ -98,14 +98,31 @@ void P2PEngine::postRecv(int src, int tag, void* data, size_t bytes,
   w_.notifyActivity();
 }
 
+namespace {
+// Runs a Done callback, telling waiters that the thread is in one (Note [A
+// stalled progress thread]).
+void runDone(const P2PEngine::CallbackClock& since, P2PEngine::Done& done, std::exception_ptr e,
+             int source) {
+  if (!done) return;
+  since->store(transport::Clock::now().time_since_epoch().count(), std::memory_order_relaxed);
+  try {
+    done(e, source);
+  } catch (...) {
+    since->store(0, std::memory_order_relaxed);
+    throw;
+  }
+  since->store(0, std::memory_order_relaxed);
+}
+}  // namespace
+
 void P2PEngine::complete(Send& s, std::exception_ptr e) {
   auto done = std::move(s.done);
-  if (done) done(e, rank_);
+  runDone(inCallback_, done, e, rank_);
 }
 
 void P2PEngine::complete(Recv& r, std::exception_ptr e, int source) {
   auto done = std::move(r.done);
-  if (done) done(e, source);
+  runDone(inCallback_, done, e, source);
 }
 
 bool P2PEngine::progressSends() {
@@ -144,6 +161,9 @@ bool P2PEngine::matchUnexpected(Recv& r) {
                                                    m.frame.bytes, " bytes with tag ", r.tag,
                                                    ", this rank expects ", r.bytes, " bytes")));
   };
+  // A receive posted while the thread was stalled may be past its deadline
+  // already: failExpired fails it (Note [A stalled progress thread]).
+  if (transport::Clock::now() >= r.deadline) return false;
   // Complete messages first: they arrived before any still streaming in.
   for (auto it = unexpected_.begin(); it != unexpected_.end(); ++it) {
     Incoming& m = **it;
@@ -184,10 +204,14 @@ bool P2PEngine::progressIncoming(int src) {
       moved |= n > 0;
       if (m.frameGot < sizeof(Frame)) return moved;
       BRAID_ENFORCE(m.frame.magic == kFrameMagic, "recv", rank_, "corrupt message from rank ", src);
-      // Match against posted receives, oldest first.
+      // Match against posted receives, oldest first. One past its deadline is
+      // failed by failExpired, not filled: its caller may have given it up
+      // (Note [A stalled progress thread]).
+      const auto now = transport::Clock::now();
       for (auto it = recvs_.begin(); it != recvs_.end(); ++it) {
         Recv& r = **it;
         if (r.matched || (r.src != kAnySource && r.src != src) || r.tag != m.frame.tag) continue;
+        if (now >= r.deadline) continue;
         if (r.bytes == m.frame.bytes) {
           m.target = r.data;
           m.recv = &r;

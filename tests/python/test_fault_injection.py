@@ -54,7 +54,7 @@ OPS = {"allreduce": "allreduce", "broadcast": "broadcast", "allgather": "allgath
        "alltoall": "alltoall", "sendrecv": "(?:send|recv)", "ddp": "allreduce"}
 # cbhang: families whose victim must raise too, from its next op (ddp's victim
 # waits in backward for its own hook's future, which the hung callback holds).
-VICTIM_RAISES = {"allreduce", "broadcast", "allgather", "alltoall"}
+VICTIM_RAISES = {"allreduce", "broadcast", "allgather", "alltoall", "sendrecv"}
 VICTIM_CODE = {"exit0": 0, "exit1": 1, "abort": -signal.SIGABRT, "sigkill": -signal.SIGKILL,
                "sigterm": -signal.SIGTERM}
 
