@@ -29,6 +29,7 @@ Cases: the fast tier runs FAST (every fault twice, every family at least twice,
 The session summary prints "N injected, H hangs, L leaks" and the detection
 times per fault (conftest.py prints harness.SUMMARIES).
 """
+import datetime
 import json
 import os
 import re
@@ -97,10 +98,11 @@ class Stats:
             return []
         out = [f"fault injection: {self.injected} injected, {len(self.hangs)} hangs, "
                f"{len(self.leaks)} leaks, {len(self.failed)} other failures"]
-        for fault in FAULTS:
+        for fault in FAULTS + ["cbhang victim"]:
             ts = sorted(self.detect.get(fault, []))
             if ts:
-                out.append(f"  {fault:7s} survivors raised {len(ts)}x after {ts[0]:.3f} s min, "
+                who = "raised" if " " in fault else "survivors raised"
+                out.append(f"  {fault:7s} {who} {len(ts)}x after {ts[0]:.3f} s min, "
                            f"{ts[len(ts) // 2]:.3f} s median, {ts[-1]:.3f} s max "
                            f"(group timeout {PG_TIMEOUT_S:g} s)")
         for what, items in (("hang", self.hangs), ("leak", self.leaks), ("fail", self.failed)):
@@ -148,7 +150,7 @@ def _read_json(path):
 def run_case(n, family, fault, tmp_path):
     """Runs one case; returns a dict of everything observed (asserted by the caller)."""
     victim = victim_of(n, family, fault)
-    store = H.tcp_store("127.0.0.1", 0, None, True, __import__("datetime").timedelta(seconds=60),
+    store = H.tcp_store("127.0.0.1", 0, None, True, datetime.timedelta(seconds=60),
                         wait_for_workers=False)
     env = dict(os.environ, PYTHONFAULTHANDLER="0", OMP_NUM_THREADS="1")
     before = H.shm_entries()
@@ -235,6 +237,7 @@ def check_case(n, family, fault, res):
             problems.append(f"victim rank {victim}: its op after the hung callback never raised")
         else:
             late = got["t_raise"] - t0["t0"]
+            STATS.detect.setdefault("cbhang victim", []).append(late)
             if late > PG_TIMEOUT_S + SLACK_S or not re.search(
                     rf"braid {OPS[family]} \(rank {victim}\): Timed out after "
                     rf"{int(PG_TIMEOUT_S * 1000)} ms", got["message"]):
