@@ -115,6 +115,13 @@ def wait_registered():
 # -- op families: step(it, async_victim) runs one iteration and checks its result ----------
 
 
+def count(it):
+    """Elements per op: small on even iterations, 4 MiB of float32 on odd ones (INJECT_AT is
+    odd), so the fault meets the chunked pipelines, direct reads of a peer's memory (allgather,
+    alltoall) and a p2p message larger than its ring, as well as one-step ops."""
+    return 64 if it % 2 == 0 else 1 << 20
+
+
 class Family:
     def __init__(self):
         self.n, self.r = SIZE, RANK
@@ -122,13 +129,14 @@ class Family:
 
     def check(self, what, got, want):
         if not torch.equal(got, want):
-            self.bad.append(f"iteration {what}: got {got.tolist()[:8]}, want {want.tolist()[:8]}")
+            self.bad.append(f"iteration {what}: got {got.flatten()[:8].tolist()}, "
+                            f"want {want.flatten()[:8].tolist()}")
 
 
 class AllReduce(Family):
     def step(self, it, cb=False):
-        t = torch.full((64,), float(self.r + 1 + it))
-        want = torch.full((64,), float(self.n * (self.n + 1) // 2 + self.n * it))
+        t = torch.full((count(it),), float(self.r + 1 + it))
+        want = torch.full((count(it),), float(self.n * (self.n + 1) // 2 + self.n * it))
         if cb:
             return dist.all_reduce(t, async_op=True).get_future().then(hanging_callback)
         dist.all_reduce(t)
@@ -138,8 +146,8 @@ class AllReduce(Family):
 class Broadcast(Family):
     def step(self, it, cb=False):
         root = it % self.n
-        t = torch.full((64,), float(self.r * 100 + it))
-        want = torch.full((64,), float(root * 100 + it))
+        t = torch.full((count(it),), float(self.r * 100 + it))
+        want = torch.full((count(it),), float(root * 100 + it))
         if cb:
             return dist.broadcast(t, root, async_op=True).get_future().then(hanging_callback)
         dist.broadcast(t, root)
@@ -148,27 +156,29 @@ class Broadcast(Family):
 
 class AllGather(Family):
     def step(self, it, cb=False):
-        t = torch.full((16,), float(self.r * 100 + it))
-        out = [torch.empty(16) for _ in range(self.n)]
+        m = count(it) // self.n
+        t = torch.full((m,), float(self.r * 100 + it))
+        out = [torch.empty(m) for _ in range(self.n)]
         if cb:
             return dist.all_gather(out, t, async_op=True).get_future().then(hanging_callback)
         dist.all_gather(out, t)
         self.check(it, torch.stack(out), torch.stack(
-            [torch.full((16,), float(q * 100 + it)) for q in range(self.n)]))
+            [torch.full((m,), float(q * 100 + it)) for q in range(self.n)]))
 
 
 class AllToAll(Family):
     def step(self, it, cb=False):
         # Row q goes to rank q: it holds (sender, receiver, iteration).
-        inp = torch.tensor([[self.r * 100 + q * 10 + it] * 4 for q in range(self.n)],
-                           dtype=torch.float32)
+        m = count(it) // self.n
+        inp = torch.tensor([self.r * 100 + q * 10 + it for q in range(self.n)],
+                           dtype=torch.float32)[:, None].repeat(1, m)
         out = torch.empty_like(inp)
         if cb:
             return dist.all_to_all_single(out, inp, async_op=True).get_future().then(
                 hanging_callback)
         dist.all_to_all_single(out, inp)
-        self.check(it, out, torch.tensor([[q * 100 + self.r * 10 + it] * 4
-                                          for q in range(self.n)], dtype=torch.float32))
+        self.check(it, out, torch.tensor([q * 100 + self.r * 10 + it for q in range(self.n)],
+                                         dtype=torch.float32)[:, None].repeat(1, m))
 
 
 class SendRecv(Family):
@@ -176,14 +186,14 @@ class SendRecv(Family):
 
     def step(self, it, cb=False):
         nxt, prv = (self.r + 1) % self.n, (self.r - 1) % self.n
-        out = torch.full((32,), float(self.r * 100 + it))
-        got = torch.empty(32)
+        out = torch.full((count(it),), float(self.r * 100 + it))
+        got = torch.empty(count(it))
         works = [dist.isend(out, nxt), dist.irecv(got, prv)]
         if cb:
             return works[1].get_future().then(hanging_callback)
         for w in works:
             w.wait()
-        self.check(it, got, torch.full((32,), float(prv * 100 + it)))
+        self.check(it, got, torch.full((count(it),), float(prv * 100 + it)))
 
 
 def _sum_hook(state, bucket):
@@ -207,7 +217,8 @@ class DDP(Family):
     def __init__(self):
         super().__init__()
         torch.manual_seed(0)
-        self.model = torch.nn.parallel.DistributedDataParallel(torch.nn.Linear(16, 4))
+        # 4 MiB of weight gradients: one bucket, allreduced in chunks.
+        self.model = torch.nn.parallel.DistributedDataParallel(torch.nn.Linear(1024, 1024))
         self.state = {"it": -1}
         if FAULT == "cbhang":
             self.model.register_comm_hook(self.state, _sum_hook)
@@ -224,10 +235,10 @@ class DDP(Family):
     def step(self, it, cb=False):
         self.state["it"] = it
         self.model.zero_grad()
-        x = torch.full((8, 16), float(self.r + 1))
+        x = torch.full((8, 1024), float(self.r + 1))
         self.model(x).sum().backward()
         # d(sum)/d(weight) = 8 * x-row for every output: the mean over ranks of 8 * (r + 1).
-        want = torch.full((4, 16), 8.0 * (self.n + 1) / 2)
+        want = torch.full((1024, 1024), 8.0 * (self.n + 1) / 2)
         if FAULT == "cbhang":  # the hook sums, DDP's own allreduce averages
             want = want * self.n
         self.check(it, self.model.module.weight.grad, want)
