@@ -224,8 +224,8 @@ def check_case(n, family, fault, res):
     procs = res["procs"]
     t0 = res["t0"]
     if t0 is None:
-        problems.append(f"victim rank {victim} never injected ({_describe(procs[victim].returncode)}):"
-                        f"\n{res['outs'][victim]}")
+        problems.append(f"victim rank {victim} never injected "
+                        f"({_describe(procs[victim].returncode)}):\n{res['outs'][victim]}")
         return problems
     if fault == "cbhang" and t0.get("thread") != "callback":
         problems.append(f"the victim's callback ran on the {t0.get('thread')} thread, not braid's")
