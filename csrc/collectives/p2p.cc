@@ -271,19 +271,23 @@ void P2PEngine::failExpired() {
         it = q.erase(it);
         continue;
       }
+      const bool started = s.pos > 0;
+      if (started) {
+        // Note [Started messages]: part of this message is in the ring, and
+        // the peer would read the next frame as its payload. The caller gets
+        // its error and may reuse or free its buffer (completing may drop the
+        // last reference to it), so the rest goes from a copy made first.
+        s.rest.assign(s.data, s.data + s.bytes);
+        s.data = s.rest.data();
+        s.deadline = transport::Clock::time_point::max();
+      }
       complete(s, std::make_exception_ptr(TimeoutError(
                       errorText("send", rank_, "Timed out after ", s.timeout.count(),
                                 " ms waiting for rank ", dst, " to receive tag ", s.tag))));
-      if (s.pos == 0) {
+      if (!started) {
         it = q.erase(it);
         continue;
       }
-      // Note [Started messages]: part of this message is in the ring, and the
-      // peer would read the next frame as its payload. The caller has its
-      // error and may reuse its buffer; the rest goes from a copy.
-      s.rest.assign(s.data, s.data + s.bytes);
-      s.data = s.rest.data();
-      s.deadline = transport::Clock::time_point::max();
       ++it;
     }
   }

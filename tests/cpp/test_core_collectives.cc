@@ -269,5 +269,58 @@ TEST(P2P, TagsAnySourceAndCrossingSends) {
   });
 }
 
+// Note [Started messages]: a send that times out with part of it in the ring
+// goes on from a copy. Its Done callback may release the caller's buffer (a
+// Work dropping its tensor), so the copy must be made before the callback
+// runs: here the buffer is freed inside Done, and a copy made after it read
+// freed memory (SIGSEGV on torch 2.14 in the fault-injection suite, sendrecv
+// cbhang with 4 MiB messages). The receiver, arriving late, still gets every
+// byte intact.
+TEST(P2P, TimedOutStartedSendCopiesBeforeItsCallbackReleasesTheBuffer) {
+  Group g(2, 4096);  // 4 KiB rings
+  const size_t count = 1 << 20;  // 4 MiB: freed with munmap, so a late read faults
+  std::promise<void> timedOut;
+  runRanks(2, [&](int r) {
+    // Rank 1 starts its progress thread only after the sender gave up (a live
+    // one would drain the message into its buffer of unexpected ones).
+    if (r == 1) timedOut.get_future().wait();
+    collectives::P2PEngine p2p(g.comms[r]->window());
+    if (r == 0) {
+      auto buf = std::make_shared<std::vector<float>>(count);
+      std::iota(buf->begin(), buf->end(), 1.0f);
+      std::promise<std::string> err;
+      const float* data = buf->data();
+      p2p.postSend(1, 3, data, count * 4, transport::Clock::now() + std::chrono::milliseconds(200),
+                   std::chrono::milliseconds(200),
+                   [&err, buf = std::move(buf)](std::exception_ptr e, int) mutable {
+                     std::string what = "no error";
+                     try {
+                       if (e) std::rethrow_exception(e);
+                     } catch (const std::exception& x) {
+                       what = x.what();
+                     }
+                     buf.reset();  // the caller's buffer goes, as a Work's tensor may
+                     err.set_value(what);
+                   });
+      std::string what = err.get_future().get();
+      EXPECT_NE(what.find("Timed out after 200 ms waiting for rank 1 to receive tag 3"),
+                std::string::npos)
+          << what;
+      timedOut.set_value();
+    } else {
+      std::vector<float> got(count);
+      std::promise<int> src;
+      p2p.postRecv(0, 3, got.data(), count * 4, transport::Clock::now() + std::chrono::seconds(20),
+                   std::chrono::milliseconds(20000), [&](std::exception_ptr e, int s) {
+                     if (e) src.set_exception(e); else src.set_value(s);
+                   });
+      ASSERT_EQ(src.get_future().get(), 0);
+      for (size_t i = 0; i < count; i += 4099) ASSERT_EQ(got[i], float(i + 1)) << i;
+      ASSERT_EQ(got[count - 1], float(count));
+    }
+    collectives::barrier(*g.comms[r], desc(OpKind::kBarrier, 0, DataType::kUInt8));
+  });
+}
+
 }  // namespace
 }  // namespace braid
