@@ -8,6 +8,8 @@
 #include <future>
 #include <numeric>
 
+#include <sys/mman.h>
+
 #include "collectives/collectives.h"
 #include "collectives/p2p.h"
 #include "core_group.h"
@@ -320,6 +322,37 @@ TEST(P2P, TimedOutStartedSendCopiesBeforeItsCallbackReleasesTheBuffer) {
     }
     collectives::barrier(*g.comms[r], desc(OpKind::kBarrier, 0, DataType::kUInt8));
   });
+}
+
+// Note [A peer that leaves during a direct read]: a read of a peer's memory
+// that fails because the peer unmapped its buffer (it left the op) is a lost
+// peer naming that rank and the op, not an unexplained I/O error (fault suite:
+// a survivor read a buffer that another survivor had freed after seeing a
+// third rank die, "reading ... failed: Bad address").
+TEST(DirectRead, UnmappedPeerBufferIsALostPeer) {
+#if defined(__SANITIZE_ADDRESS__) || defined(__SANITIZE_THREAD__)
+  GTEST_SKIP() << "the sanitizers' builds copy a thread-rank's memory in user space";
+#else
+  Group g(2, 4096);
+  void* page = mmap(nullptr, 4096, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+  ASSERT_NE(page, MAP_FAILED);
+  ASSERT_EQ(munmap(page, 4096), 0);  // what a peer's freed buffer looks like
+  transport::WaitContext ctx;
+  ctx.op = "alltoall";
+  ctx.opSeq = 7;
+  ctx.timeout = std::chrono::milliseconds(1000);
+  ctx.deadline = transport::Clock::now() + ctx.timeout;
+  std::vector<uint8_t> dst(4096);
+  try {
+    g.comms[0]->window().readPeer(1, reinterpret_cast<uint64_t>(page), dst.data(), dst.size(), ctx);
+    FAIL() << "reading unmapped memory succeeded";
+  } catch (const PeerLostError& e) {
+    EXPECT_NE(std::string(e.what()).find("braid alltoall (rank 0): rank 1 left op #7 while this "
+                                         "rank read its memory"),
+              std::string::npos)
+        << e.what();
+  }
+#endif
 }
 
 }  // namespace

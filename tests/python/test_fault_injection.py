@@ -9,8 +9,9 @@ runs in fresh processes, each in a session of its own. Asserted, per case:
 - every survivor raised (its op or its next one), within the group timeout
   + 1 s of the moment the victim injected (the victim's DIR/t0);
 - its message names the op family ("braid allreduce (rank R)", "braid send"/
-  "braid recv", ...), its own rank, and a peer it lost: "rank P (pid X) exited"
-  or "rank P left the group" when the victim died (then never a timeout: a dead
+  "braid recv", ...), its own rank, and a peer it lost: "rank P (pid X) exited",
+  "rank P left the group" or "rank P left op #N" (a survivor that gave up an op
+  whose memory this one was reading) when the victim died (then never a timeout: a dead
   peer is seen by its pid, not at the deadline), "Timed out after T ms waiting
   for rank(s) [P]" / "waiting for rank P" when it hangs; at least one survivor
   names the victim itself (the others may name a survivor that failed first);
@@ -202,9 +203,11 @@ def run_case(n, family, fault, tmp_path):
                 caught={r: _read_json(tmp_path / f"caught.{r}.json") for r in range(n)})
 
 
-NAMED = re.compile(r"rank (\d+) \(pid \d+\) exited|rank (\d+) left the group|"
+# A lost peer: exited (by pid), left the group, or left the op while this rank
+# read its memory (Note [A peer that leaves during a direct read]).
+NAMED = re.compile(r"rank (\d+) \(pid \d+\) exited|rank (\d+) left (?:the group|op #)|"
                    r"waiting for rank\(s\) \[([\d, ]+)\]|waiting for rank (\d+)")
-DEAD = re.compile(r"rank \d+ \(pid \d+\) exited|rank \d+ left the group")
+DEAD = re.compile(r"rank \d+ \(pid \d+\) exited|rank \d+ left (?:the group|op #)")
 TIMEOUT = re.compile(rf"Timed out after {int(PG_TIMEOUT_S * 1000)} ms waiting for rank")
 
 
