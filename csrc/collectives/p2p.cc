@@ -1,5 +1,6 @@
 #include "collectives/p2p.h"
 
+#include <algorithm>
 #include <cstring>
 
 #include "common/error.h"
@@ -50,6 +51,8 @@ struct P2PEngine::Incoming {
   Recv* recv = nullptr;        // the receive it completes, if any
   std::exception_ptr error;    // set when the receive it matched is wrong
   bool complete = false;
+  bool discard = false;        // its receive timed out: the rest is read and dropped
+  transport::Clock::time_point lastProgress = transport::Clock::now();
 };
 
 P2PEngine::P2PEngine(transport::Window& window)
@@ -201,6 +204,7 @@ bool P2PEngine::progressIncoming(int src) {
     if (m.frameGot < sizeof(Frame)) {
       size_t n = ch.read(reinterpret_cast<uint8_t*>(&m.frame) + m.frameGot, sizeof(Frame) - m.frameGot);
       m.frameGot += n;
+      if (n > 0) m.lastProgress = transport::Clock::now();
       moved |= n > 0;
       if (m.frameGot < sizeof(Frame)) return moved;
       BRAID_ENFORCE(m.frame.magic == kFrameMagic, "recv", rank_, "corrupt message from rank ", src);
@@ -231,9 +235,16 @@ bool P2PEngine::progressIncoming(int src) {
       }
     }
     while (m.got < m.frame.bytes) {
-      size_t n = ch.read(m.target + m.got, m.frame.bytes - m.got);
+      size_t n;
+      if (m.discard) {
+        scratch_.resize(64 << 10);
+        n = ch.read(scratch_.data(), std::min(scratch_.size(), m.frame.bytes - m.got));
+      } else {
+        n = ch.read(m.target + m.got, m.frame.bytes - m.got);
+      }
       if (n == 0) return moved;
       m.got += n;
+      m.lastProgress = transport::Clock::now();
       moved = true;
     }
     m.complete = true;
@@ -247,7 +258,7 @@ bool P2PEngine::progressIncoming(int src) {
       if (!done->error && r->bytes) std::memcpy(r->data, done->buf.data(), r->bytes);
       complete(*r, done->error, src);
       recvs_.remove_if([r](const std::unique_ptr<Recv>& p) { return p.get() == r; });
-    } else {
+    } else if (!done->discard) {
       unexpected_.push_back(std::move(done));
     }
   }
@@ -303,6 +314,25 @@ void P2PEngine::failExpired() {
              std::make_exception_ptr(PeerLostError(errorText(
                  "recv", rank_, why, " in the middle of a message with tag ", cut->frame.tag,
                  " (", cut->got, " of ", cut->frame.bytes, " bytes received)"))),
+             src);
+    recvs_.remove_if([r](const std::unique_ptr<Recv>& p) { return p.get() == r; });
+  }
+  // A receive attached to a message that stopped arriving from a sender that
+  // is alive: its progress thread is stuck (Note [A stalled progress thread]).
+  // It times out once past its deadline with no byte for a whole timeout; the
+  // rest of the message, if it ever comes, is read and dropped.
+  for (int src = 0; src < static_cast<int>(incoming_.size()); ++src) {
+    Incoming* cur = incoming_[src].get();
+    if (!cur || !cur->recv) continue;
+    Recv* r = cur->recv;
+    if (now < r->deadline || now - cur->lastProgress < r->timeout) continue;
+    cur->discard = true;
+    cur->recv = nullptr;
+    complete(*r,
+             std::make_exception_ptr(TimeoutError(errorText(
+                 "recv", rank_, "Timed out after ", r->timeout.count(), " ms waiting for rank ",
+                 src, " to go on with a message with tag ", cur->frame.tag, " (", cur->got,
+                 " of ", cur->frame.bytes, " bytes received)"))),
              src);
     recvs_.remove_if([r](const std::unique_ptr<Recv>& p) { return p.get() == r; });
   }

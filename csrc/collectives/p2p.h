@@ -37,7 +37,10 @@ namespace collectives {
 // (inCallbackSince). The op stays posted: a receive that has passed its
 // deadline no longer matches a message (progressIncoming), and failExpired
 // fails it, and a send not yet started, once the thread returns; its second
-// completion is ignored (WorkBraid::markDone).
+// completion is ignored (WorkBraid::markDone). The peers see a sender that is
+// alive but silent: a receive attached to its message (which has no deadline
+// while bytes come, Note [Started messages]) times out once no byte came for
+// a whole timeout past its deadline.
 class P2PEngine {
  public:
   // Called once, from the progress thread, when the op finished or failed.
@@ -87,6 +90,7 @@ class P2PEngine {
   std::list<std::unique_ptr<Recv>> recvs_;               // posting order
   std::vector<std::unique_ptr<Incoming>> incoming_;      // by source
   std::list<std::unique_ptr<Incoming>> unexpected_;
+  std::vector<uint8_t> scratch_;  // where a dropped message's rest is read
   CallbackClock inCallback_ = std::make_shared<std::atomic<int64_t>>(0);
   std::thread thread_;
 };

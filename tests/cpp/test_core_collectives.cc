@@ -324,6 +324,58 @@ TEST(P2P, TimedOutStartedSendCopiesBeforeItsCallbackReleasesTheBuffer) {
   });
 }
 
+// Note [A stalled progress thread]: a receive attached to a message whose
+// sender is alive but has stopped sending (its progress thread is stuck) times
+// out instead of waiting for ever (fault suite: n4-sendrecv-cbhang, a survivor
+// hung in a 4 MiB receive from the victim whose callback held its p2p thread).
+// Here rank 0, a sender with no progress thread, writes a frame (p2p.cc's
+// layout: magic, tag, bytes) and 1000 of its 1 MiB into the ring, then stops.
+TEST(P2P, ReceiveOfAMessageThatStopsArrivingTimesOut) {
+  Group g(2, 4096);  // 4 KiB rings
+  const size_t count = 1 << 18;
+  std::promise<void> received;
+  runRanks(2, [&](int r) {
+    if (r == 0) {
+      struct {
+        uint32_t magic = 0x62703270;
+        int32_t tag = 5;
+        uint64_t bytes = count * 4;
+      } frame;
+      std::vector<uint8_t> part(1000, 7);
+      auto& ch = g.comms[r]->window().to(1);
+      ASSERT_EQ(ch.write(&frame, sizeof frame), sizeof frame);
+      ASSERT_EQ(ch.write(part.data(), part.size()), part.size());
+      g.comms[r]->window().notifyActivity();
+      received.get_future().wait();
+      return;
+    }
+    collectives::P2PEngine p2p(g.comms[r]->window());
+    std::vector<float> got(count);
+    std::promise<std::string> err;
+    auto t0 = transport::Clock::now();
+    p2p.postRecv(0, 5, got.data(), count * 4, t0 + std::chrono::milliseconds(300),
+                 std::chrono::milliseconds(300), [&](std::exception_ptr e, int) {
+                   std::string what = "no error";
+                   try {
+                     if (e) std::rethrow_exception(e);
+                   } catch (const std::exception& x) {
+                     what = x.what();
+                   }
+                   err.set_value(what);
+                 });
+    auto f = err.get_future();
+    ASSERT_EQ(f.wait_for(std::chrono::seconds(10)), std::future_status::ready)
+        << "the receive of a stalled message never ended";
+    std::string what = f.get();
+    EXPECT_NE(what.find("braid recv (rank 1): Timed out after 300 ms waiting for rank 0 to go on "
+                        "with a message with tag 5 (1000 of 1048576 bytes received)"),
+              std::string::npos)
+        << what;
+    EXPECT_LT(transport::Clock::now() - t0, std::chrono::seconds(2));
+    received.set_value();
+  });
+}
+
 // Note [A peer that leaves during a direct read]: a read of a peer's memory
 // that fails because the peer unmapped its buffer (it left the op) is a lost
 // peer naming that rank and the op, not an unexplained I/O error (fault suite:
