@@ -69,13 +69,20 @@ Engine::Job takeFront(Engine::Queue& q) {
   q.queued.fetch_sub(1, std::memory_order_release);
   q.running = true;
   q.runner = std::this_thread::get_id();
+  q.finishingSince.store(0, std::memory_order_relaxed);
   return job;
 }
 
 // Runs a job taken with takeFront; unless `nested`, then lets the next one go.
 void runTaken(Engine::Queue& q, Engine::Job& job, bool nested) {
   std::exception_ptr error = job.run();
-  if (job.finish) job.finish(error);
+  if (job.finish) {
+    if (!nested) {  // for the message of Note [A job that cannot start]
+      q.finishingSince.store(std::chrono::steady_clock::now().time_since_epoch().count(),
+                             std::memory_order_relaxed);
+    }
+    job.finish(error);
+  }
   if (nested) return;
   {
     std::lock_guard<std::mutex> lock(q.mu);
@@ -98,6 +105,20 @@ bool Engine::runHereIfNext(const QueuePtr& qp, uint64_t id) {
   }
   runTaken(q, job, nested);
   return true;
+}
+
+bool Engine::expireIfQueued(const QueuePtr& qp, uint64_t id,
+                            const std::function<void()>& onExpired) {
+  Queue& q = *qp;
+  std::lock_guard<std::mutex> lock(q.mu);
+  if (q.stop) return false;  // shutdown fails it
+  for (auto& j : q.jobs) {
+    if (j.id != id) continue;
+    j.finish = nullptr;
+    onExpired();
+    return true;
+  }
+  return false;
 }
 
 void Engine::loop() {

@@ -34,6 +34,20 @@ void setBlockingCallWrapper(BlockingCallWrapper w);
 // order: a job is taken only from the front, and only while no other job runs,
 // except by the thread that runs the current one (a completion callback that
 // waits on the next op), which would otherwise wait for itself.
+//
+// Note [A job that cannot start]
+// A job starts only once the one before it has returned, its `finish`
+// included, and `finish` completes a Future whose callbacks (user code, e.g.
+// `work.get_future().then(cb)`) run inline on that thread. A callback that
+// never returns therefore stalls the queue, and the ops behind it never reach
+// the transport, whose waits are where deadlines are enforced: a caller
+// waiting for one would wait for ever. So WorkBraid::wait gives a job that has
+// not started by its op's deadline up: its Work fails with a timeout that
+// names the op and what it waited behind. The job stays queued with its
+// `finish` dropped; when a thread reaches it, its `run` marks the group
+// broken instead of running the op, since the peers ran it without this rank
+// or timed out waiting for it. (The peers' ops time out at their deadlines as
+// usual: the callback holds this rank's worker, not theirs.)
 class Engine {
  public:
   struct Job {
@@ -55,6 +69,8 @@ class Engine {
     bool stop = false;
     bool running = false;
     std::thread::id runner;
+    // steady_clock ticks when the running job's `finish` began, 0 before.
+    std::atomic<int64_t> finishingSince{0};
   };
   using QueuePtr = std::shared_ptr<Queue>;
 
@@ -70,6 +86,11 @@ class Engine {
 
   // Returns the job's id (0 if it was failed at once: the group is shut down).
   uint64_t submit(Job job);
+  // See Note [A job that cannot start]: if job `id` is still queued, drops
+  // its `finish` (the caller fails its Work) and runs `onExpired` under the
+  // queue's lock, so that the job's `run` knows when a thread takes it later.
+  // Returns whether it did.
+  static bool expireIfQueued(const QueuePtr& q, uint64_t id, const std::function<void()>& onExpired);
   // See Note [Running a job on the waiting thread]: runs job `id` on this
   // thread if it may; returns whether it did.
   static bool runHereIfNext(const QueuePtr& q, uint64_t id);

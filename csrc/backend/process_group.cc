@@ -118,7 +118,8 @@ OpDesc ProcessGroupBraid::desc(OpKind kind, std::chrono::milliseconds optTimeout
   return d;
 }
 
-c10::intrusive_ptr<c10d::Work> ProcessGroupBraid::launch(c10d::OpType type, const char* title,
+c10::intrusive_ptr<c10d::Work> ProcessGroupBraid::launch(const OpDesc& d, c10d::OpType type,
+                                                         const char* title,
                                                          std::vector<at::Tensor> outputs,
                                                          Body body,
                                                          c10::ArrayRef<at::Tensor> inputs) {
@@ -127,10 +128,16 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupBraid::launch(c10d::OpType type, cons
   launched_.fetch_add(1);
   Engine* engine = engine_.get();
   GroupRecorder* fr = fr_.get();  // outlives every job: see abort()
+  auto expiry = std::make_shared<std::string>();
   Engine::Job job;
-  job.run = [engine, fr, frId, errors = firstError_,
+  job.run = [engine, fr, frId, expiry, errors = firstError_,
              body = std::move(body)]() -> std::exception_ptr {
     fr->started(frId);
+    if (!expiry->empty()) {  // Note [A job that cannot start]: its caller gave it up
+      engine->comm().markBroken(*expiry);
+      fr->finished(frId, nullptr);
+      return nullptr;
+    }
     std::exception_ptr error;
     try {
       body();
@@ -150,7 +157,8 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupBraid::launch(c10d::OpType type, cons
   };
   job.finish = [work](std::exception_ptr e) { work->markDone(e); };
   uint64_t id = engine_->submit(std::move(job));
-  if (id) work->setJob(engine_->queue(), id);
+  if (id) work->setJob(engine_->queue(), id, d.deadline, d.timeout, collectives::opName(d.kind),
+                       std::move(expiry));
   return tracked(work);
 }
 
@@ -226,7 +234,7 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupBraid::allreduce(std::vector<at::Tens
       d.redop = ReduceOp::kSum;
     }
     Engine* e = engine_.get();
-    return launch(c10d::OpType::ALLREDUCE, "braid:allreduce", tensors, [e, d, st, src] {
+    return launch(d, c10d::OpType::ALLREDUCE, "braid:allreduce", tensors, [e, d, st, src] {
       collectives::allreduce(e->comm(), d, src.data_ptr(), st.data());
       st.copyBack();
     });
@@ -260,7 +268,7 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupBraid::allreduce_coalesced(
     d.count = buf.numel();
     d.shape = args::shapeOf(buf);
     Engine* e = engine_.get();
-    return launch(c10d::OpType::ALLREDUCE_COALESCED, "braid:allreduce_coalesced", tensors,
+    return launch(d, c10d::OpType::ALLREDUCE_COALESCED, "braid:allreduce_coalesced", tensors,
                   [e, d, buf, tensors] {
                     collectives::allreduce(e->comm(), d, buf.data_ptr(), buf.data_ptr());
                     int64_t off = 0;
@@ -285,7 +293,7 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupBraid::broadcast(std::vector<at::Tens
     d.shape = args::shapeOf(t);
     auto st = args::Staged::in(t);
     Engine* e = engine_.get();
-    return launch(c10d::OpType::BROADCAST, "braid:broadcast", tensors, [e, d, st] {
+    return launch(d, c10d::OpType::BROADCAST, "braid:broadcast", tensors, [e, d, st] {
       collectives::broadcast(e->comm(), d, st.data());
       st.copyBack();
     });
@@ -313,7 +321,7 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupBraid::reduce(std::vector<at::Tensor>
     }
     Engine* e = engine_.get();
     const bool root = d.root == rank;
-    return launch(c10d::OpType::REDUCE, "braid:reduce", tensors, [e, d, st, src, root] {
+    return launch(d, c10d::OpType::REDUCE, "braid:reduce", tensors, [e, d, st, src, root] {
       collectives::reduce(e->comm(), d, src.data_ptr(), st.data());
       if (root) st.copyBack();
     });
@@ -324,7 +332,7 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupBraid::barrier(const c10d::BarrierOpt
   return guarded(OpKind::kBarrier, [&] {
     OpDesc d = desc(OpKind::kBarrier, opts.timeout);
     Engine* e = engine_.get();
-    return launch(c10d::OpType::BARRIER, "braid:barrier", {},
+    return launch(d, c10d::OpType::BARRIER, "braid:barrier", {},
                   [e, d] { collectives::barrier(e->comm(), d); });
   });
 }

@@ -125,9 +125,9 @@ class ProcessGroupBraid : public compat::BackendBase {
   using Body = std::function<void()>;
   // Runs body on the worker; its Work completes with `outputs` or the error.
   // `inputs` (for the flight recorder) empty: the op works in place.
-  c10::intrusive_ptr<c10d::Work> launch(c10d::OpType type, const char* title,
-                                        std::vector<at::Tensor> outputs, Body body,
-                                        c10::ArrayRef<at::Tensor> inputs = {});
+  c10::intrusive_ptr<c10d::Work> launch(const collectives::OpDesc& d, c10d::OpType type,
+                                        const char* title, std::vector<at::Tensor> outputs,
+                                        Body body, c10::ArrayRef<at::Tensor> inputs = {});
   // Runs `check` (argument checks and launch) on the caller's thread; when it
   // throws, tells the peers through a poison header (Note [Op headers]).
   c10::intrusive_ptr<c10d::Work> guarded(collectives::OpKind kind,

@@ -36,7 +36,7 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupBraid::reduce_scatter(
     if (d.redop == ReduceOp::kPremulSum) d.redop = ReduceOp::kSum;
     auto dst = Staged::out(out);
     Engine* e = engine_.get();
-    return launch(c10d::OpType::REDUCE_SCATTER, "braid:reduce_scatter", outputs, [e, d, ins, dst] {
+    return launch(d, c10d::OpType::REDUCE_SCATTER, "braid:reduce_scatter", outputs, [e, d, ins, dst] {
       std::vector<const void*> p;
       for (auto& t : ins) p.push_back(t.data_ptr());
       collectives::reduceScatter(e->comm(), d, p.data(), dst.data());
@@ -65,7 +65,7 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupBraid::_reduce_scatter_base(
     }
     auto dst = Staged::out(output);
     Engine* e = engine_.get();
-    return launch(c10d::OpType::_REDUCE_SCATTER_BASE, "braid:_reduce_scatter_base", {output},
+    return launch(d, c10d::OpType::_REDUCE_SCATTER_BASE, "braid:_reduce_scatter_base", {output},
                   [e, d, src, dst, n] {
                     std::vector<const void*> p(n);
                     size_t bytes = d.bytes();
@@ -137,7 +137,7 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupBraid::alltoall_base(
     OpDesc d = desc(OpKind::kAlltoall, opts.timeout);
     d.dtype = dt;
     Engine* e = engine_.get();
-    return launch(c10d::OpType::ALLTOALL_BASE, "braid:alltoall_base", {output},
+    return launch(d, c10d::OpType::ALLTOALL_BASE, "braid:alltoall_base", {output},
                   [e, d, src, dst, sendB, recvB, sendOff, recvOff, n]() mutable {
                     std::vector<const void*> ins(n);
                     std::vector<void*> outs(n);
@@ -180,7 +180,7 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupBraid::alltoall(std::vector<at::Tenso
     OpDesc d = desc(OpKind::kAlltoall, opts.timeout);
     d.dtype = dt;
     Engine* e = engine_.get();
-    return launch(c10d::OpType::ALLTOALL, "braid:alltoall", outputs,
+    return launch(d, c10d::OpType::ALLTOALL, "braid:alltoall", outputs,
                   [e, d, ins, outs, sendB, recvB]() mutable {
                     std::vector<const void*> ip;
                     std::vector<void*> op;
@@ -212,6 +212,7 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupBraid::sendRecv(bool isSend,
   const uint64_t frId =
       frRecord(isSend ? c10d::OpType::SEND : c10d::OpType::RECV, {}, tensors, peer);
   GroupRecorder* fr = fr_.get();  // the P2P thread is joined before it goes
+  work->setP2P(engine_->p2p().inCallbackSince(), deadline, timeout, op);
   if (isSend) {
     auto st = Staged::in(t);
     engine_->p2p().postSend(peer, tag, st.data(), t.nbytes(), deadline, timeout,
@@ -223,7 +224,9 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupBraid::sendRecv(bool isSend,
     auto st = Staged::out(t);
     engine_->p2p().postRecv(peer, tag, st.data(), t.nbytes(), deadline, timeout,
                             [work, st, fr, frId](std::exception_ptr e, int src) {
-                              if (!e) st.copyBack();
+                              // Not into a receive its waiter gave up (Note [A
+                              // stalled progress thread]).
+                              if (!e && !work->isCompleted()) st.copyBack();
                               fr->finished(frId, e);
                               work->markDone(e, src);
                             });

@@ -56,7 +56,7 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupBraid::allgather(
     auto src = Staged::in(in);
     auto outs = stageOutputs(outputs[0]);
     Engine* e = engine_.get();
-    return launch(c10d::OpType::ALLGATHER, "braid:allgather", outputs[0], [e, d, src, outs] {
+    return launch(d, c10d::OpType::ALLGATHER, "braid:allgather", outputs[0], [e, d, src, outs] {
       collectives::allgather(e->comm(), d, src.data(), pointers(outs).data());
       copyBackAll(outs);
     }, inputs);
@@ -77,7 +77,7 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupBraid::_allgather_base(
     auto src = Staged::in(input);
     auto dst = Staged::out(output);
     Engine* e = engine_.get();
-    return launch(c10d::OpType::_ALLGATHER_BASE, "braid:_allgather_base", {output},
+    return launch(d, c10d::OpType::_ALLGATHER_BASE, "braid:_allgather_base", {output},
                   [e, d, src, dst, n] {
                     collectives::allgather(e->comm(), d, src.data(), slices(dst.buf, n).data());
                     dst.copyBack();
@@ -127,7 +127,7 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupBraid::allgather_coalesced(
     std::vector<at::Tensor> outs;
     for (auto& l : outputLists) outs.insert(outs.end(), l.begin(), l.end());
     Engine* e = engine_.get();
-    return launch(c10d::OpType::ALLGATHER_COALESCED, "braid:allgather_coalesced", outs,
+    return launch(d, c10d::OpType::ALLGATHER_COALESCED, "braid:allgather_coalesced", outs,
                   [e, d, packed, gathered, outputLists, n] {
                     collectives::allgather(e->comm(), d, packed.data_ptr(),
                                            slices(gathered, n).data());
@@ -168,7 +168,7 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupBraid::gather(
     auto src = Staged::in(in);
     auto outs = stageOutputs(outList);
     Engine* e = engine_.get();
-    return launch(c10d::OpType::GATHER, "braid:gather", outList, [e, d, src, outs] {
+    return launch(d, c10d::OpType::GATHER, "braid:gather", outList, [e, d, src, outs] {
       collectives::gather(e->comm(), d, src.data(), pointers(outs).data());
       copyBackAll(outs);
     }, inputs);
@@ -199,7 +199,7 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupBraid::scatter(
     }
     auto dst = Staged::out(out);
     Engine* e = engine_.get();
-    return launch(c10d::OpType::SCATTER, "braid:scatter", outputs, [e, d, ins, dst] {
+    return launch(d, c10d::OpType::SCATTER, "braid:scatter", outputs, [e, d, ins, dst] {
       std::vector<const void*> p;
       for (auto& s : ins) p.push_back(s.data());
       collectives::scatter(e->comm(), d, p.data(), dst.data());

@@ -193,7 +193,7 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupBraid::allreduceSparse(
     meta.count = metaBytes(t) / t.element_size();
     Engine* e = engine_.get();
     at::Tensor target = t;
-    return launch(c10d::OpType::ALLREDUCE, "braid:sparse_allreduce", tensors,
+    return launch(meta, c10d::OpType::ALLREDUCE, "braid:sparse_allreduce", tensors,
                   [e, meta, target] { runSparse(e->comm(), meta, target); });
   });
 }

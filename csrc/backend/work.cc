@@ -12,6 +12,7 @@ WorkBraid::WorkBraid(int rank, c10d::OpType type, const char* title,
           c10::ListType::create(c10::TensorType::get()))) {}
 
 void WorkBraid::markDone(std::exception_ptr error, int sourceRank) {
+  if (done_.exchange(true)) return;
   sourceRank_.store(sourceRank);
   error = compat::asTorchError(error);
   // finish() first so that a future callback that inspects the work (or
@@ -24,14 +25,86 @@ void WorkBraid::markDone(std::exception_ptr error, int sourceRank) {
   }
 }
 
-void WorkBraid::setJob(Engine::QueuePtr queue, uint64_t id) {
+void WorkBraid::setJob(Engine::QueuePtr queue, uint64_t id, transport::Clock::time_point deadline,
+                       std::chrono::milliseconds timeout, const char* op,
+                       std::shared_ptr<std::string> expiry) {
   queue_ = std::move(queue);
   jobId_ = id;
+  deadline_ = deadline;
+  timeout_ = timeout;
+  op_ = op;
+  expiry_ = std::move(expiry);
+}
+
+void WorkBraid::setP2P(collectives::P2PEngine::CallbackClock inCallbackSince,
+                       transport::Clock::time_point deadline, std::chrono::milliseconds timeout,
+                       const char* op) {
+  p2pStall_ = std::move(inCallbackSince);
+  deadline_ = deadline;
+  timeout_ = timeout;
+  op_ = op;
 }
 
 bool WorkBraid::wait(std::chrono::milliseconds timeout) {
-  if (queue_ && !isCompleted()) Engine::runHereIfNext(queue_, jobId_);
+  if (p2pStall_ && timeout.count() == 0 && !isCompleted()) failIfStalled();
+  if (queue_ && !isCompleted()) {
+    Engine::runHereIfNext(queue_, jobId_);
+    // A wait without a timeout of its own ends by the op's deadline if the job
+    // never started (Note [A job that cannot start] in backend/engine.h).
+    if (timeout.count() == 0 && !isCompleted()) failIfNotStarted();  // 0: kNoTimeout
+  }
   return c10d::Work::wait(timeout);
+}
+
+void WorkBraid::failIfNotStarted() {
+  {
+    std::unique_lock<std::mutex> lock(mutex_);
+    // Normally the op completes (or fails by its own deadline) first: one
+    // wake-up, as before.
+    cv_.wait_until(lock, deadline_, [this] { return completed_; });
+    if (completed_) return;
+  }
+  std::string why;
+  bool expired = Engine::expireIfQueued(queue_, jobId_, [&] {
+    const int64_t since = queue_->finishingSince.load(std::memory_order_relaxed);
+    std::string busy = "the op before it on this rank has not returned";
+    if (since != 0) {
+      auto ms = std::chrono::duration_cast<std::chrono::milliseconds>(
+          transport::Clock::now().time_since_epoch() - transport::Clock::duration(since));
+      busy += strCat(" (the callbacks of its future have run for ", ms.count(),
+                     " ms: a callback that blocks holds the group's worker)");
+    }
+    why = errorText(op_, rank_, "Timed out after ", timeout_.count(),
+                    " ms before this op started: ", busy);
+    *expiry_ = why;
+  });
+  if (expired) markDone(std::make_exception_ptr(TimeoutError(why)));
+}
+
+void WorkBraid::failIfStalled() {
+  // The progress thread fails an op by its deadline within a few ms (a
+  // receive still streaming from a live sender may take longer): give up only
+  // when it has been in one callback for a while.
+  constexpr auto kStalled = std::chrono::milliseconds(100);
+  int64_t since = 0;
+  {
+    std::unique_lock<std::mutex> lock(mutex_);
+    if (cv_.wait_until(lock, deadline_, [this] { return completed_; })) return;
+    for (;;) {
+      since = p2pStall_->load(std::memory_order_relaxed);
+      if (since != 0 && transport::Clock::now().time_since_epoch() -
+                                transport::Clock::duration(since) >= kStalled) {
+        break;
+      }
+      if (cv_.wait_for(lock, kStalled, [this] { return completed_; })) return;
+    }
+  }
+  auto ms = std::chrono::duration_cast<std::chrono::milliseconds>(
+      transport::Clock::now().time_since_epoch() - transport::Clock::duration(since));
+  markDone(std::make_exception_ptr(TimeoutError(errorText(
+      op_, rank_, "Timed out after ", timeout_.count(),
+      " ms: the point-to-point progress thread has run a completion callback for ", ms.count(),
+      " ms (a callback that blocks holds every send and receive of the group)"))));
 }
 
 int WorkBraid::sourceRank() const {

@@ -4,6 +4,8 @@
 #include <ATen/core/ivalue.h>
 
 #include <atomic>
+#include <memory>
+#include <string>
 
 #include "backend/compat.h"
 #include "backend/engine.h"
@@ -14,13 +16,23 @@ class WorkBraid : public c10d::Work {
  public:
   WorkBraid(int rank, c10d::OpType type, const char* title, std::vector<at::Tensor> outputs);
 
-  // Called once, from the thread that ran the op. Completes the future with
-  // the output tensors (what DDP's reducer reads) or with the error.
+  // Called from the thread that ran the op. Completes the future with the
+  // output tensors (what DDP's reducer reads) or with the error. Calls after
+  // the first are ignored: a waiter may have given the op up (Note [A stalled
+  // progress thread]).
   void markDone(std::exception_ptr error, int sourceRank = -1);
 
   // The job that completes this Work, which wait() may run itself: see
   // Note [Running a job on the waiting thread] in backend/engine.h.
-  void setJob(Engine::QueuePtr queue, uint64_t id);
+  // `deadline` and `op` serve Note [A job that cannot start]; `expiry`
+  // receives the error text when wait() gives the job up (its `run` reads it).
+  void setJob(Engine::QueuePtr queue, uint64_t id, transport::Clock::time_point deadline,
+              std::chrono::milliseconds timeout, const char* op,
+              std::shared_ptr<std::string> expiry);
+  // A send or receive: see Note [A stalled progress thread] in collectives/p2p.h.
+  void setP2P(collectives::P2PEngine::CallbackClock inCallbackSince,
+              transport::Clock::time_point deadline, std::chrono::milliseconds timeout,
+              const char* op);
   bool wait(std::chrono::milliseconds timeout = std::chrono::milliseconds(0)) override;
 
   c10::intrusive_ptr<c10::ivalue::Future> getFuture() override { return future_; }
@@ -33,6 +45,19 @@ class WorkBraid : public c10d::Work {
   std::atomic<int> sourceRank_{-1};
   Engine::QueuePtr queue_;
   uint64_t jobId_ = 0;
+  transport::Clock::time_point deadline_;
+  std::chrono::milliseconds timeout_{0};
+  const char* op_ = "op";
+  std::shared_ptr<std::string> expiry_;
+
+  collectives::P2PEngine::CallbackClock p2pStall_;
+  std::atomic<bool> done_{false};
+
+  // Gives the job up if it has not started by its deadline.
+  void failIfNotStarted();
+  // Gives a send or receive up once past its deadline while the progress
+  // thread is stuck in a callback.
+  void failIfStalled();
 };
 
 }  // namespace braid

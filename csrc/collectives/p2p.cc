@@ -1,5 +1,6 @@
 #include "collectives/p2p.h"
 
+#include <algorithm>
 #include <cstring>
 
 #include "common/error.h"
@@ -50,6 +51,8 @@ struct P2PEngine::Incoming {
   Recv* recv = nullptr;        // the receive it completes, if any
   std::exception_ptr error;    // set when the receive it matched is wrong
   bool complete = false;
+  bool discard = false;        // its receive timed out: the rest is read and dropped
+  transport::Clock::time_point lastProgress = transport::Clock::now();
 };
 
 P2PEngine::P2PEngine(transport::Window& window)
@@ -98,14 +101,31 @@ void P2PEngine::postRecv(int src, int tag, void* data, size_t bytes,
   w_.notifyActivity();
 }
 
+namespace {
+// Runs a Done callback, telling waiters that the thread is in one (Note [A
+// stalled progress thread]).
+void runDone(const P2PEngine::CallbackClock& since, P2PEngine::Done& done, std::exception_ptr e,
+             int source) {
+  if (!done) return;
+  since->store(transport::Clock::now().time_since_epoch().count(), std::memory_order_relaxed);
+  try {
+    done(e, source);
+  } catch (...) {
+    since->store(0, std::memory_order_relaxed);
+    throw;
+  }
+  since->store(0, std::memory_order_relaxed);
+}
+}  // namespace
+
 void P2PEngine::complete(Send& s, std::exception_ptr e) {
   auto done = std::move(s.done);
-  if (done) done(e, rank_);
+  runDone(inCallback_, done, e, rank_);
 }
 
 void P2PEngine::complete(Recv& r, std::exception_ptr e, int source) {
   auto done = std::move(r.done);
-  if (done) done(e, source);
+  runDone(inCallback_, done, e, source);
 }
 
 bool P2PEngine::progressSends() {
@@ -144,6 +164,9 @@ bool P2PEngine::matchUnexpected(Recv& r) {
                                                    m.frame.bytes, " bytes with tag ", r.tag,
                                                    ", this rank expects ", r.bytes, " bytes")));
   };
+  // A receive posted while the thread was stalled may be past its deadline
+  // already: failExpired fails it (Note [A stalled progress thread]).
+  if (transport::Clock::now() >= r.deadline) return false;
   // Complete messages first: they arrived before any still streaming in.
   for (auto it = unexpected_.begin(); it != unexpected_.end(); ++it) {
     Incoming& m = **it;
@@ -181,13 +204,18 @@ bool P2PEngine::progressIncoming(int src) {
     if (m.frameGot < sizeof(Frame)) {
       size_t n = ch.read(reinterpret_cast<uint8_t*>(&m.frame) + m.frameGot, sizeof(Frame) - m.frameGot);
       m.frameGot += n;
+      if (n > 0) m.lastProgress = transport::Clock::now();
       moved |= n > 0;
       if (m.frameGot < sizeof(Frame)) return moved;
       BRAID_ENFORCE(m.frame.magic == kFrameMagic, "recv", rank_, "corrupt message from rank ", src);
-      // Match against posted receives, oldest first.
+      // Match against posted receives, oldest first. One past its deadline is
+      // failed by failExpired, not filled: its caller may have given it up
+      // (Note [A stalled progress thread]).
+      const auto now = transport::Clock::now();
       for (auto it = recvs_.begin(); it != recvs_.end(); ++it) {
         Recv& r = **it;
         if (r.matched || (r.src != kAnySource && r.src != src) || r.tag != m.frame.tag) continue;
+        if (now >= r.deadline) continue;
         if (r.bytes == m.frame.bytes) {
           m.target = r.data;
           m.recv = &r;
@@ -207,9 +235,16 @@ bool P2PEngine::progressIncoming(int src) {
       }
     }
     while (m.got < m.frame.bytes) {
-      size_t n = ch.read(m.target + m.got, m.frame.bytes - m.got);
+      size_t n;
+      if (m.discard) {
+        scratch_.resize(64 << 10);
+        n = ch.read(scratch_.data(), std::min(scratch_.size(), m.frame.bytes - m.got));
+      } else {
+        n = ch.read(m.target + m.got, m.frame.bytes - m.got);
+      }
       if (n == 0) return moved;
       m.got += n;
+      m.lastProgress = transport::Clock::now();
       moved = true;
     }
     m.complete = true;
@@ -223,7 +258,7 @@ bool P2PEngine::progressIncoming(int src) {
       if (!done->error && r->bytes) std::memcpy(r->data, done->buf.data(), r->bytes);
       complete(*r, done->error, src);
       recvs_.remove_if([r](const std::unique_ptr<Recv>& p) { return p.get() == r; });
-    } else {
+    } else if (!done->discard) {
       unexpected_.push_back(std::move(done));
     }
   }
@@ -247,19 +282,23 @@ void P2PEngine::failExpired() {
         it = q.erase(it);
         continue;
       }
+      const bool started = s.pos > 0;
+      if (started) {
+        // Note [Started messages]: part of this message is in the ring, and
+        // the peer would read the next frame as its payload. The caller gets
+        // its error and may reuse or free its buffer (completing may drop the
+        // last reference to it), so the rest goes from a copy made first.
+        s.rest.assign(s.data, s.data + s.bytes);
+        s.data = s.rest.data();
+        s.deadline = transport::Clock::time_point::max();
+      }
       complete(s, std::make_exception_ptr(TimeoutError(
                       errorText("send", rank_, "Timed out after ", s.timeout.count(),
                                 " ms waiting for rank ", dst, " to receive tag ", s.tag))));
-      if (s.pos == 0) {
+      if (!started) {
         it = q.erase(it);
         continue;
       }
-      // Note [Started messages]: part of this message is in the ring, and the
-      // peer would read the next frame as its payload. The caller has its
-      // error and may reuse its buffer; the rest goes from a copy.
-      s.rest.assign(s.data, s.data + s.bytes);
-      s.data = s.rest.data();
-      s.deadline = transport::Clock::time_point::max();
       ++it;
     }
   }
@@ -275,6 +314,25 @@ void P2PEngine::failExpired() {
              std::make_exception_ptr(PeerLostError(errorText(
                  "recv", rank_, why, " in the middle of a message with tag ", cut->frame.tag,
                  " (", cut->got, " of ", cut->frame.bytes, " bytes received)"))),
+             src);
+    recvs_.remove_if([r](const std::unique_ptr<Recv>& p) { return p.get() == r; });
+  }
+  // A receive attached to a message that stopped arriving from a sender that
+  // is alive: its progress thread is stuck (Note [A stalled progress thread]).
+  // It times out once past its deadline with no byte for a whole timeout; the
+  // rest of the message, if it ever comes, is read and dropped.
+  for (int src = 0; src < static_cast<int>(incoming_.size()); ++src) {
+    Incoming* cur = incoming_[src].get();
+    if (!cur || !cur->recv) continue;
+    Recv* r = cur->recv;
+    if (now < r->deadline || now - cur->lastProgress < r->timeout) continue;
+    cur->discard = true;
+    cur->recv = nullptr;
+    complete(*r,
+             std::make_exception_ptr(TimeoutError(errorText(
+                 "recv", rank_, "Timed out after ", r->timeout.count(), " ms waiting for rank ",
+                 src, " to go on with a message with tag ", cur->frame.tag, " (", cur->got,
+                 " of ", cur->frame.bytes, " bytes received)"))),
              src);
     recvs_.remove_if([r](const std::unique_ptr<Recv>& p) { return p.get() == r; });
   }

@@ -10,6 +10,7 @@
 // send completes as soon as its bytes are in the ring or that buffer.
 #pragma once
 
+#include <atomic>
 #include <chrono>
 #include <condition_variable>
 #include <deque>
@@ -26,6 +27,20 @@
 namespace braid {
 namespace collectives {
 
+// Note [A stalled progress thread]
+// Done callbacks run on the progress thread, and they complete Futures whose
+// callbacks are user code: one that never returns stops every send and
+// receive of the group, including the expiry of their deadlines, which this
+// thread enforces (failExpired). A caller waiting on a Work without a timeout
+// would then wait for ever, so WorkBraid::wait gives its op up when the op's
+// deadline has passed while this thread was stuck in a callback
+// (inCallbackSince). The op stays posted: a receive that has passed its
+// deadline no longer matches a message (progressIncoming), and failExpired
+// fails it, and a send not yet started, once the thread returns; its second
+// completion is ignored (WorkBraid::markDone). The peers see a sender that is
+// alive but silent: a receive attached to its message (which has no deadline
+// while bytes come, Note [Started messages]) times out once no byte came for
+// a whole timeout past its deadline.
 class P2PEngine {
  public:
   // Called once, from the progress thread, when the op finished or failed.
@@ -42,6 +57,12 @@ class P2PEngine {
   void postRecv(int src, int tag, void* data, size_t bytes, transport::Clock::time_point deadline,
                 std::chrono::milliseconds timeout, Done done);
   static constexpr int kAnySource = -1;
+
+  // Since when (steady_clock ticks; 0: not now) the progress thread has run a
+  // Done callback. Shared, because Works that read it may outlive the engine.
+  // See Note [A stalled progress thread].
+  using CallbackClock = std::shared_ptr<std::atomic<int64_t>>;
+  const CallbackClock& inCallbackSince() const { return inCallback_; }
 
   void shutdown();
 
@@ -69,6 +90,8 @@ class P2PEngine {
   std::list<std::unique_ptr<Recv>> recvs_;               // posting order
   std::vector<std::unique_ptr<Incoming>> incoming_;      // by source
   std::list<std::unique_ptr<Incoming>> unexpected_;
+  std::vector<uint8_t> scratch_;  // where a dropped message's rest is read
+  CallbackClock inCallback_ = std::make_shared<std::atomic<int64_t>>(0);
   std::thread thread_;
 };
 

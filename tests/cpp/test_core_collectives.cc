@@ -8,6 +8,8 @@
 #include <future>
 #include <numeric>
 
+#include <sys/mman.h>
+
 #include "collectives/collectives.h"
 #include "collectives/p2p.h"
 #include "core_group.h"
@@ -267,6 +269,142 @@ TEST(P2P, TagsAnySourceAndCrossingSends) {
     }
     collectives::barrier(*g.comms[r], desc(OpKind::kBarrier, 0, DataType::kUInt8));
   });
+}
+
+// Note [Started messages]: a send that times out with part of it in the ring
+// goes on from a copy. Its Done callback may release the caller's buffer (a
+// Work dropping its tensor), so the copy must be made before the callback
+// runs: here the buffer is freed inside Done, and a copy made after it read
+// freed memory (SIGSEGV on torch 2.14 in the fault-injection suite, sendrecv
+// cbhang with 4 MiB messages). The receiver, arriving late, still gets every
+// byte intact.
+TEST(P2P, TimedOutStartedSendCopiesBeforeItsCallbackReleasesTheBuffer) {
+  Group g(2, 4096);  // 4 KiB rings
+  const size_t count = 1 << 20;  // 4 MiB: freed with munmap, so a late read faults
+  std::promise<void> timedOut;
+  runRanks(2, [&](int r) {
+    // Rank 1 starts its progress thread only after the sender gave up (a live
+    // one would drain the message into its buffer of unexpected ones).
+    if (r == 1) timedOut.get_future().wait();
+    collectives::P2PEngine p2p(g.comms[r]->window());
+    if (r == 0) {
+      auto buf = std::make_shared<std::vector<float>>(count);
+      std::iota(buf->begin(), buf->end(), 1.0f);
+      std::promise<std::string> err;
+      const float* data = buf->data();
+      p2p.postSend(1, 3, data, count * 4, transport::Clock::now() + std::chrono::milliseconds(200),
+                   std::chrono::milliseconds(200),
+                   [&err, buf = std::move(buf)](std::exception_ptr e, int) mutable {
+                     std::string what = "no error";
+                     try {
+                       if (e) std::rethrow_exception(e);
+                     } catch (const std::exception& x) {
+                       what = x.what();
+                     }
+                     buf.reset();  // the caller's buffer goes, as a Work's tensor may
+                     err.set_value(what);
+                   });
+      std::string what = err.get_future().get();
+      EXPECT_NE(what.find("Timed out after 200 ms waiting for rank 1 to receive tag 3"),
+                std::string::npos)
+          << what;
+      timedOut.set_value();
+    } else {
+      std::vector<float> got(count);
+      std::promise<int> src;
+      p2p.postRecv(0, 3, got.data(), count * 4, transport::Clock::now() + std::chrono::seconds(20),
+                   std::chrono::milliseconds(20000), [&](std::exception_ptr e, int s) {
+                     if (e) src.set_exception(e); else src.set_value(s);
+                   });
+      ASSERT_EQ(src.get_future().get(), 0);
+      for (size_t i = 0; i < count; i += 4099) ASSERT_EQ(got[i], float(i + 1)) << i;
+      ASSERT_EQ(got[count - 1], float(count));
+    }
+    collectives::barrier(*g.comms[r], desc(OpKind::kBarrier, 0, DataType::kUInt8));
+  });
+}
+
+// Note [A stalled progress thread]: a receive attached to a message whose
+// sender is alive but has stopped sending (its progress thread is stuck) times
+// out instead of waiting for ever (fault suite: n4-sendrecv-cbhang, a survivor
+// hung in a 4 MiB receive from the victim whose callback held its p2p thread).
+// Here rank 0, a sender with no progress thread, writes a frame (p2p.cc's
+// layout: magic, tag, bytes) and 1000 of its 1 MiB into the ring, then stops.
+TEST(P2P, ReceiveOfAMessageThatStopsArrivingTimesOut) {
+  Group g(2, 4096);  // 4 KiB rings
+  const size_t count = 1 << 18;
+  std::promise<void> received;
+  runRanks(2, [&](int r) {
+    if (r == 0) {
+      struct {
+        uint32_t magic = 0x62703270;
+        int32_t tag = 5;
+        uint64_t bytes = count * 4;
+      } frame;
+      std::vector<uint8_t> part(1000, 7);
+      auto& ch = g.comms[r]->window().to(1);
+      ASSERT_EQ(ch.write(&frame, sizeof frame), sizeof frame);
+      ASSERT_EQ(ch.write(part.data(), part.size()), part.size());
+      g.comms[r]->window().notifyActivity();
+      received.get_future().wait();
+      return;
+    }
+    collectives::P2PEngine p2p(g.comms[r]->window());
+    std::vector<float> got(count);
+    std::promise<std::string> err;
+    auto t0 = transport::Clock::now();
+    p2p.postRecv(0, 5, got.data(), count * 4, t0 + std::chrono::milliseconds(300),
+                 std::chrono::milliseconds(300), [&](std::exception_ptr e, int) {
+                   std::string what = "no error";
+                   try {
+                     if (e) std::rethrow_exception(e);
+                   } catch (const std::exception& x) {
+                     what = x.what();
+                   }
+                   err.set_value(what);
+                 });
+    auto f = err.get_future();
+    ASSERT_EQ(f.wait_for(std::chrono::seconds(10)), std::future_status::ready)
+        << "the receive of a stalled message never ended";
+    std::string what = f.get();
+    EXPECT_NE(what.find("braid recv (rank 1): Timed out after 300 ms waiting for rank 0 to go on "
+                        "with a message with tag 5 (1000 of 1048576 bytes received)"),
+              std::string::npos)
+        << what;
+    EXPECT_LT(transport::Clock::now() - t0, std::chrono::seconds(2));
+    received.set_value();
+  });
+}
+
+// Note [A peer that leaves during a direct read]: a read of a peer's memory
+// that fails because the peer unmapped its buffer (it left the op) is a lost
+// peer naming that rank and the op, not an unexplained I/O error (fault suite:
+// a survivor read a buffer that another survivor had freed after seeing a
+// third rank die, "reading ... failed: Bad address").
+TEST(DirectRead, UnmappedPeerBufferIsALostPeer) {
+#if defined(__SANITIZE_ADDRESS__) || defined(__SANITIZE_THREAD__)
+  GTEST_SKIP() << "the sanitizers' builds copy a thread-rank's memory in user space";
+#else
+  Group g(2, 4096);
+  void* page = mmap(nullptr, 4096, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+  ASSERT_NE(page, MAP_FAILED);
+  ASSERT_EQ(munmap(page, 4096), 0);  // what a peer's freed buffer looks like
+  transport::WaitContext ctx;
+  ctx.op = "alltoall";
+  ctx.opSeq = 7;
+  ctx.timeout = std::chrono::milliseconds(1000);
+  ctx.deadline = transport::Clock::now() + ctx.timeout;
+  std::vector<uint8_t> dst(4096);
+  try {
+    g.comms[0]->window().readPeer(1, reinterpret_cast<uint64_t>(page), dst.data(), dst.size(), ctx);
+    FAIL() << "reading unmapped memory succeeded";
+  } catch (const PeerLostError& e) {
+    EXPECT_NE(std::string(e.what()).find("braid alltoall (rank 0): rank 1 left op #7 while this "
+                                         "rank read its memory"),
+              std::string::npos)
+        << e.what();
+  }
+#endif
 }
 
 }  // namespace

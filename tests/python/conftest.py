@@ -98,6 +98,9 @@ def pool(request):
 
 
 def pytest_terminal_summary(terminalreporter):
+    for lines in harness.SUMMARIES:
+        for line in lines():
+            terminalreporter.write_line(line)
     for p in _POOLS:
         terminalreporter.write_line(
             f"braid tests: {len(p.spawns)} pooled worlds started "

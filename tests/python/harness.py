@@ -51,6 +51,10 @@ REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)
 PYTHON_DIR = os.path.join(REPO, "python")
 
 
+# Functions returning lines for the session summary (conftest.py prints them).
+SUMMARIES = []
+
+
 def tcp_store(*args, **kwargs):
     """dist.TCPStore without libuv where torch has the option: Debian's torch
     2.x is built without libuv but defaults use_libuv=True (USE_LIBUV=0 only

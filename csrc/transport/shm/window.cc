@@ -321,6 +321,21 @@ void ShmWindow::readPeer(int peer, uint64_t remoteAddr, void* dst, size_t bytes,
     int e = errno;
     std::string why;
     if (peerGone(peer, &why)) BRAID_THROW(PeerLostError, ctx.op, rank_, why, " in op #", ctx.opSeq);
+    // Note [A peer that leaves during a direct read]: a peer publishes its
+    // buffer's address and keeps it mapped until its readers are done, unless
+    // it leaves the op. ESRCH: its address space is gone, it is exiting (not
+    // yet a zombie, so peerGone cannot tell yet). EFAULT: it is alive but left
+    // the op (its op failed because of another rank, or it shut down) and
+    // freed the buffer. Either way the ranks are out of step: a lost peer.
+    if (e == ESRCH) {
+      BRAID_THROW(PeerLostError, ctx.op, rank_, "rank ", peer, " (pid ", pids_[peer],
+                  ") exited while this rank read its memory in op #", ctx.opSeq);
+    }
+    if (e == EFAULT) {
+      BRAID_THROW(PeerLostError, ctx.op, rank_, "rank ", peer, " left op #", ctx.opSeq,
+                  " while this rank read its memory (it no longer maps the buffer it shared: "
+                  "its op failed or its group was shut down)");
+    }
     BRAID_THROW(Error, ctx.op, rank_, "reading ", bytes, " bytes of rank ", peer,
                 "'s memory failed: ", std::strerror(e), " (set BRAID_SHM_CMA=0 to avoid direct reads)");
   }
