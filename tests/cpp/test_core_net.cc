@@ -5,6 +5,7 @@
 #include <cmath>
 #include <cstring>
 #include <numeric>
+#include <thread>
 
 #include "collectives/net/collectives.h"
 #include "core_group.h"
@@ -430,6 +431,37 @@ TEST(NetErrors, LostPeerFailsTheOthersNamingIt) {
           << e.what();
     }
   });
+}
+
+// Rank 2's transport is aborted (as a process dies) while every rank is in a
+// 16 MiB allreduce: all of them fail within the deadline, and the others name
+// a lost peer.
+TEST(NetErrors, PeerLostMidOp) {
+  const int n = 3;
+  NetGroup g(n, kAlwaysRing);
+  const size_t count = 4 << 20;
+  std::thread killer([&] {
+    std::this_thread::sleep_for(std::chrono::milliseconds(30));
+    g.ts[2]->abort("test: rank 2 dies");
+  });
+  runRanks(n, [&](int r) {
+    std::vector<float> buf(count, 1.f);
+    auto t0 = transport::Clock::now();
+    try {
+      net::allreduce(*g.comms[r], desc(OpKind::kAllreduce, count, DataType::kFloat32, 0,
+                                       ReduceOp::kSum, std::chrono::seconds(20)),
+                     buf.data(), buf.data());
+      ADD_FAILURE() << "rank " << r << " did not throw";
+    } catch (const Error& e) {
+      std::string w = e.what();
+      EXPECT_NE(w.find("allreduce (rank " + std::to_string(r) + ")"), std::string::npos) << w;
+      if (r != 2) {
+        EXPECT_NE(w.find("lost rank"), std::string::npos) << w;
+      }
+    }
+    EXPECT_LT(transport::Clock::now() - t0, std::chrono::seconds(10));
+  });
+  killer.join();
 }
 
 // Rank 2 never arrives: the others time out at the op's deadline naming it.
