@@ -361,6 +361,13 @@ TEST(NetErrors, HeaderMismatchesFailEveryRankAndKeepTheGroup) {
   OpDesc poison = d(OpKind::kAllreduce, 8);
   poison.localError = "braid allreduce (rank 1): the tensor is not contiguous";
   expectMismatch(3, d(OpKind::kAllreduce, 8), poison, {"not contiguous"});
+  // a reduction the kernels cannot run fails in the header exchange
+  expectMismatch(3, d(OpKind::kAllreduce, 8, DataType::kFloat32, 0, ReduceOp::kBand),
+                 d(OpKind::kAllreduce, 8, DataType::kFloat32, 0, ReduceOp::kBand),
+                 {"BAND is not supported for float32"});
+  expectMismatch(2, d(OpKind::kReduce, 8, DataType::kFloat32, 0, ReduceOp::kPremulSum),
+                 d(OpKind::kReduce, 8, DataType::kFloat32, 0, ReduceOp::kPremulSum),
+                 {"PREMUL_SUM: scale the input, pass SUM"});
   // a setting that shapes the steps
   expectMismatch(2, d(OpKind::kAllreduce, 8), d(OpKind::kAllreduce, 8),
                  {"BRAID_NET_ALLREDUCE_RING_MIN=1024", "BRAID_NET_ALLREDUCE_RING_MIN=65536"},

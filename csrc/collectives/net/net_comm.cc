@@ -5,6 +5,8 @@
 
 #include "common/error.h"
 #include "common/settings.h"
+#include "collectives/reduce_share.h"
+#include "reduce/reduce.h"
 
 namespace braid {
 namespace collectives {
@@ -40,16 +42,20 @@ struct NetHeader {
   char message[kMessageBytes];
 };
 
+bool reduces(OpKind k) {
+  return k == OpKind::kAllreduce || k == OpKind::kReduce || k == OpKind::kReduceScatter;
+}
+
 bool usesRingMin(OpKind k) {
   return k == OpKind::kAllreduce || k == OpKind::kReduce || k == OpKind::kReduceScatter;
 }
 
 }  // namespace
 
-NetConfig NetConfig::fromEnv() {
+NetConfig NetConfig::fromEnv(int rank) {
   NetConfig c;
   int64_t v = kRingMin.get();
-  if (v < 0) BRAID_THROW(Error, "init", -1, "BRAID_NET_ALLREDUCE_RING_MIN must be >= 0, got ", v);
+  if (v < 0) BRAID_THROW(Error, "init", rank, "BRAID_NET_ALLREDUCE_RING_MIN must be >= 0, got ", v);
   c.allreduceRingMin = static_cast<uint64_t>(v);
   return c;
 }
@@ -66,7 +72,7 @@ const char* netAlgoName(NetAlgo a) {
 }
 
 NetComm::NetComm(transport::Transport& t, std::optional<NetConfig> cfg)
-    : t_(t), rank_(t.rank()), size_(t.size()), cfg_(cfg ? *cfg : NetConfig::fromEnv()) {}
+    : t_(t), rank_(t.rank()), size_(t.size()), cfg_(cfg ? *cfg : NetConfig::fromEnv(rank_)) {}
 
 NetComm::~NetComm() = default;
 
@@ -131,6 +137,18 @@ void NetComm::begin(const OpDesc& op, NetAlgo algo) {
   cur_ = op;
   if (!broken_.empty()) {
     BRAID_THROW(Error, opName_, rank_, "the group is unusable after an earlier error: ", broken_);
+  }
+  // A reduction the kernels cannot run would throw mid-op and leave the peers
+  // waiting: it fails in the header exchange instead, like an argument error.
+  if (op.localError.empty() && reduces(op.kind) &&
+      !reduce::supported(op.dtype, kernelOp(op.redop))) {
+    OpDesc poisoned = op;
+    poisoned.localError =
+        errorText(opName_, rank_, "reduce op ", toString(op.redop), " is not supported for ",
+                  toString(op.dtype),
+                  op.redop == ReduceOp::kPremulSum ? " (PREMUL_SUM: scale the input, pass SUM)" : "");
+    cur_ = poisoned;
+    return exchangeHeaders(poisoned, NetAlgo::kHeaderOnly);
   }
   exchangeHeaders(op, algo);
 }

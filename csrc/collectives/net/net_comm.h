@@ -71,7 +71,8 @@ namespace net {
 // every header, Note [Settings that shape an op]).
 struct NetConfig {
   uint64_t allreduceRingMin = 64 << 10;  // BRAID_NET_ALLREDUCE_RING_MIN
-  static NetConfig fromEnv();
+  // Throws an Error naming "init" and `rank` when a value is invalid.
+  static NetConfig fromEnv(int rank);
 };
 
 // How an op moves its data. Values travel in headers.
@@ -97,7 +98,8 @@ class NetComm {
 
   // Starts an op: numbers it, exchanges and checks headers (throws on a
   // mismatch, the group stays usable; throws op.localError on a rank that
-  // failed its checks, after telling the peers).
+  // failed its checks, after telling the peers; a reduction the kernels do
+  // not support, kPremulSum included, fails the same way on every rank).
   void begin(const OpDesc& op, NetAlgo algo);
 
   // Posts step `step` of the current op; wait() waits for everything posted.
