@@ -306,6 +306,21 @@ TEST(NetPrecision, Bf16RingRoundsOnce) {
   });
 }
 
+TEST(NetConfigTest, ReadFromTheEnvironmentAndChecked) {
+  ::setenv("BRAID_NET_ALLREDUCE_RING_MIN", "4096", 1);
+  EXPECT_EQ(NetConfig::fromEnv(0).allreduceRingMin, 4096u);
+  ::setenv("BRAID_NET_ALLREDUCE_RING_MIN", "-1", 1);
+  try {
+    NetConfig::fromEnv(3);
+    ADD_FAILURE() << "a negative threshold was accepted";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("init (rank 3): BRAID_NET_ALLREDUCE_RING_MIN must be >= 0, got -1"),
+              std::string::npos) << e.what();
+  }
+  ::unsetenv("BRAID_NET_ALLREDUCE_RING_MIN");
+  EXPECT_EQ(NetConfig::fromEnv(0).allreduceRingMin, NetConfig{}.allreduceRingMin);
+}
+
 // ---- errors ------------------------------------------------------------------
 
 // Rank 1 passes `bad` instead of `good`: every rank throws a message with all
