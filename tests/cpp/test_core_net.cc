@@ -234,7 +234,7 @@ void checkAll(NetGroup& g, int n, size_t count) {
     net::alltoall(c, a, inPtrs.data(), outPtrs.data());
     for (int j = 0; j < n; ++j) {
       auto want = testing::patterned(j, r, 0, recvB[j]);
-      EXPECT_EQ(0, std::memcmp(outs[j].data(), want.data(), recvB[j])) << "alltoall from " << j;
+      EXPECT_TRUE(std::equal(want.begin(), want.end(), outs[j].begin())) << "alltoall from " << j;
     }
     net::barrier(c, desc(OpKind::kBarrier, 0));
   });
