@@ -5,7 +5,6 @@
 #include <cmath>
 #include <cstring>
 #include <numeric>
-#include <thread>
 
 #include "collectives/net/collectives.h"
 #include "core_group.h"
@@ -455,35 +454,36 @@ TEST(NetErrors, LostPeerFailsTheOthersNamingIt) {
   });
 }
 
-// Rank 2's transport is aborted (as a process dies) while every rank is in a
-// 16 MiB allreduce: all of them fail within the deadline, and the others name
-// a lost peer.
+// Rank 2 passes the header exchange of a 16 MiB ring allreduce, then its
+// transport is aborted (as its process dies): the others, now waiting for
+// ring data, fail within the deadline naming a lost peer (rank 2, or the
+// survivor that aborted on seeing it).
 TEST(NetErrors, PeerLostMidOp) {
   const int n = 3;
   NetGroup g(n, kAlwaysRing);
   const size_t count = 4 << 20;
-  std::thread killer([&] {
-    std::this_thread::sleep_for(std::chrono::milliseconds(30));
-    g.ts[2]->abort("test: rank 2 dies");
-  });
   runRanks(n, [&](int r) {
+    OpDesc d = desc(OpKind::kAllreduce, count, DataType::kFloat32, 0, ReduceOp::kSum,
+                    std::chrono::seconds(20));
+    if (r == 2) {
+      g.comms[2]->begin(d, net::NetAlgo::kRing);
+      g.ts[2]->abort("test: rank 2 dies");
+      return;
+    }
     std::vector<float> buf(count, 1.f);
     auto t0 = transport::Clock::now();
     try {
-      net::allreduce(*g.comms[r], desc(OpKind::kAllreduce, count, DataType::kFloat32, 0,
-                                       ReduceOp::kSum, std::chrono::seconds(20)),
-                     buf.data(), buf.data());
+      net::allreduce(*g.comms[r], d, buf.data(), buf.data());
       ADD_FAILURE() << "rank " << r << " did not throw";
-    } catch (const Error& e) {
+    } catch (const PeerLostError& e) {
       std::string w = e.what();
-      EXPECT_NE(w.find("allreduce (rank " + std::to_string(r) + ")"), std::string::npos) << w;
-      if (r != 2) {
-        EXPECT_NE(w.find("lost rank"), std::string::npos) << w;
-      }
+      EXPECT_NE(w.find("allreduce (rank " + std::to_string(r) + "): op #1 lost rank"),
+                std::string::npos) << w;
+    } catch (const Error& e) {
+      ADD_FAILURE() << "not a PeerLostError: " << e.what();
     }
     EXPECT_LT(transport::Clock::now() - t0, std::chrono::seconds(10));
   });
-  killer.join();
 }
 
 // Rank 2 never arrives: the others time out at the op's deadline naming it.
