@@ -29,7 +29,10 @@
 // marks the group broken (later ops fail at once with the first error),
 // aborts the transport (so the peers fail fast with PeerLostError instead of
 // waiting for their deadline) and waits for its pending requests to end
-// before it throws, so the caller's buffers are free again.
+// before it throws, so the caller's buffers are free again. A timeout names
+// the first request of the step still pending: in the header exchange the
+// missing rank itself, in a ring step the left neighbour that is waiting in
+// turn. Aborting ends the whole transport: one NetComm per transport group.
 // Algorithms (net/collectives.h): allreduce is a ring reduce-scatter + ring
 // allgather from BRAID_NET_ALLREDUCE_RING_MIN bytes (bandwidth-optimal: each
 // rank sends 2(n-1)/n of the buffer), and below it a direct exchange (every
