@@ -1,0 +1,23 @@
+#include <vector>
+
+#include "collectives/net/collectives.h"
+#include "collectives/net/ring.h"
+
+namespace braid {
+namespace collectives {
+namespace net {
+
+// Ring: n-1 steps, each rank forwards the block it received last.
+void allgather(NetComm& c, const OpDesc& op, const void* in, void* const* outs) {
+  c.begin(op, NetAlgo::kRing);
+  const int n = c.size();
+  if (outs[c.rank()] != in) copyBytes(outs[c.rank()], in, op.bytes());
+  std::vector<uint8_t*> blocks(n);
+  std::vector<size_t> counts(n, op.count);
+  for (int r = 0; r < n; ++r) blocks[r] = static_cast<uint8_t*>(outs[r]);
+  ringAllgather(c, elementSize(op.dtype), blocks.data(), counts.data(), 1);
+}
+
+}  // namespace net
+}  // namespace collectives
+}  // namespace braid

@@ -1,0 +1,253 @@
+#include "collectives/net/net_comm.h"
+
+#include <algorithm>
+#include <cstring>
+
+#include "common/error.h"
+#include "common/settings.h"
+#include "collectives/reduce_share.h"
+#include "reduce/reduce.h"
+
+namespace braid {
+namespace collectives {
+namespace net {
+
+// Compared in every header (Note [Settings that shape an op]).
+BRAID_SETTING_INT(kRingMin, "BRAID_NET_ALLREDUCE_RING_MIN", 64 << 10,
+                  "Bytes from which allreduce, reduce and reduce_scatter across hosts take the "
+                  "ring (reduce-scatter + allgather); below, every rank sends its input straight "
+                  "to the ranks that reduce it (one latency). Must be equal on every rank.");
+
+namespace {
+
+constexpr uint32_t kNetMagic = 0x6e686472;  // "nhdr"
+constexpr size_t kMessageBytes = 256;
+
+// One rank's header as it travels (Note [Collectives over messages]); followed
+// by 2 * size() uint64: alltoall's send sizes, then its receive sizes (zeros
+// for other ops), so that every header of a group has the same size.
+struct NetHeader {
+  uint32_t magic;
+  uint32_t kind;
+  uint64_t opSeq;
+  uint32_t dtype;
+  uint32_t redop;
+  int32_t root;
+  int32_t failed;
+  uint64_t count;
+  uint32_t algo;
+  uint32_t reserved;
+  uint64_t ringMin;  // BRAID_NET_ALLREDUCE_RING_MIN
+  Shape shape;
+  char message[kMessageBytes];
+};
+
+bool reduces(OpKind k) {
+  return k == OpKind::kAllreduce || k == OpKind::kReduce || k == OpKind::kReduceScatter;
+}
+
+bool usesRingMin(OpKind k) {
+  return k == OpKind::kAllreduce || k == OpKind::kReduce || k == OpKind::kReduceScatter;
+}
+
+}  // namespace
+
+NetConfig NetConfig::fromEnv(int rank) {
+  NetConfig c;
+  int64_t v = kRingMin.get();
+  if (v < 0) BRAID_THROW(Error, "init", rank, "BRAID_NET_ALLREDUCE_RING_MIN must be >= 0, got ", v);
+  c.allreduceRingMin = static_cast<uint64_t>(v);
+  return c;
+}
+
+const char* netAlgoName(NetAlgo a) {
+  switch (a) {
+    case NetAlgo::kHeaderOnly: return "header-only";
+    case NetAlgo::kDirect: return "direct";
+    case NetAlgo::kRing: return "ring";
+    case NetAlgo::kTree: return "tree";
+    case NetAlgo::kPairwise: return "pairwise";
+  }
+  return "unknown";
+}
+
+NetComm::NetComm(transport::Transport& t, std::optional<NetConfig> cfg)
+    : t_(t), rank_(t.rank()), size_(t.size()), cfg_(cfg ? *cfg : NetConfig::fromEnv(rank_)) {}
+
+NetComm::~NetComm() = default;
+
+void NetComm::markBroken(const std::string& why) {
+  if (broken_.empty()) broken_ = why;
+}
+
+void NetComm::send(int dst, uint32_t step, const void* data, size_t bytes) {
+  if (bytes == 0) return;
+  pending_.push_back({t_.isend(dst, tag(step), data, bytes), dst});
+}
+
+void NetComm::recv(int src, uint32_t step, void* data, size_t bytes) {
+  if (bytes == 0) return;
+  pending_.push_back({t_.irecv(src, tag(step), data, bytes), src});
+}
+
+void NetComm::wait() {
+  for (const Pending& p : pending_) {
+    try {
+      p.req->wait(cur_.deadline);
+    } catch (const TimeoutError& e) {
+      fail(p, "timed out", e.what(), true, false);
+    } catch (const PeerLostError& e) {
+      fail(p, "lost", e.what(), false, true);
+    } catch (const Error& e) {
+      fail(p, "failed with", e.what(), false, false);
+    }
+  }
+  pending_.clear();
+}
+
+void NetComm::fail(const Pending& p, const char* kind, const std::string& text, bool timeout,
+                   bool lost) {
+  std::string msg;
+  if (timeout) {
+    msg = errorText(opName_, rank_, "op #", opSeq_, " timed out after ", cur_.timeout.count(),
+                    " ms waiting for ", t_.peerName(p.peer), " (", text, ")");
+  } else {
+    msg = errorText(opName_, rank_, "op #", opSeq_, " ", kind, " ", t_.peerName(p.peer), ": ",
+                    text);
+  }
+  markBroken(msg);
+  // The peers fail fast (they see this rank leave) and our requests end, so
+  // the caller's buffers are ours again before we throw.
+  t_.abort(msg);
+  for (const Pending& q : pending_) {
+    try {
+      q.req->wait(transport::Clock::now() + std::chrono::seconds(10));
+    } catch (const Error&) {
+    }
+  }
+  pending_.clear();
+  if (timeout) throw TimeoutError(msg);
+  if (lost) throw PeerLostError(msg);
+  throw Error(msg);
+}
+
+void NetComm::begin(const OpDesc& op, NetAlgo algo) {
+  ++opSeq_;
+  opName_ = opName(op.kind);
+  cur_ = op;
+  if (!broken_.empty()) {
+    BRAID_THROW(Error, opName_, rank_, "the group is unusable after an earlier error: ", broken_);
+  }
+  // A reduction the kernels cannot run would throw mid-op and leave the peers
+  // waiting: it fails in the header exchange instead, like an argument error.
+  if (op.localError.empty() && reduces(op.kind) &&
+      !reduce::supported(op.dtype, kernelOp(op.redop))) {
+    OpDesc poisoned = op;
+    poisoned.localError =
+        errorText(opName_, rank_, "reduce op ", toString(op.redop), " is not supported for ",
+                  toString(op.dtype),
+                  op.redop == ReduceOp::kPremulSum ? " (PREMUL_SUM: scale the input, pass SUM)" : "");
+    cur_ = poisoned;
+    return exchangeHeaders(poisoned, NetAlgo::kHeaderOnly);
+  }
+  exchangeHeaders(op, algo);
+}
+
+void NetComm::exchangeHeaders(const OpDesc& op, NetAlgo algo) {
+  const int n = size_;
+  const size_t hb = sizeof(NetHeader) + 2 * n * sizeof(uint64_t);
+  std::vector<uint8_t> all(n * hb, 0);
+  auto at = [&](int r) { return reinterpret_cast<NetHeader*>(all.data() + r * hb); };
+  auto sizes = [&](int r) { return reinterpret_cast<uint64_t*>(all.data() + r * hb + sizeof(NetHeader)); };
+  NetHeader* h = at(rank_);
+  h->magic = kNetMagic;
+  h->kind = static_cast<uint32_t>(op.kind);
+  h->opSeq = opSeq_;
+  h->dtype = static_cast<uint32_t>(op.dtype);
+  h->redop = static_cast<uint32_t>(op.redop);
+  h->root = op.root;
+  h->failed = op.localError.empty() ? 0 : 1;
+  h->count = op.count;
+  h->algo = static_cast<uint32_t>(algo);
+  h->ringMin = cfg_.allreduceRingMin;
+  h->shape = op.shape;
+  size_t m = std::min(op.localError.size(), kMessageBytes - 1);
+  std::memcpy(h->message, op.localError.data(), m);
+  if (op.kind == OpKind::kAlltoall && op.sendBytes && op.recvBytes) {
+    for (int j = 0; j < n; ++j) {
+      sizes(rank_)[j] = op.sendBytes[j];
+      sizes(rank_)[n + j] = op.recvBytes[j];
+    }
+  }
+  for (int p = 0; p < n; ++p) {
+    if (p != rank_) recv(p, 0, at(p), hb);
+  }
+  for (int p = 0; p < n; ++p) {
+    if (p != rank_) send(p, 0, h, hb);
+  }
+  wait();
+
+  // Note [Op headers]: every rank checks in the same order, so every rank
+  // fails when any header differs from its own.
+  const char* me = opName_;
+  if (h->failed) throw Error(op.localError);
+  for (int p = 0; p < n; ++p) {
+    const NetHeader* o = at(p);
+    BRAID_ENFORCE(o->magic == kNetMagic, me, rank_, "rank ", p, " sent a header with magic ",
+                  o->magic, ", expected ", kNetMagic);
+    if (o->failed) {
+      BRAID_THROW(Error, me, rank_, "rank ", p, " failed its argument checks: ",
+                  std::string(o->message, strnlen(o->message, kMessageBytes)));
+    }
+  }
+  for (int p = 0; p < n; ++p) {
+    const NetHeader* o = at(p);
+    if (o->kind != h->kind) {
+      BRAID_THROW(Error, me, rank_, "rank ", p, " runs ", opName(static_cast<OpKind>(o->kind)),
+                  " as op #", o->opSeq, ", this rank ", me);
+    }
+    if (o->opSeq != h->opSeq) {
+      BRAID_THROW(Error, me, rank_, "rank ", p, " is at op #", o->opSeq, ", this rank at op #",
+                  h->opSeq);
+    }
+    if (o->dtype != h->dtype || o->count != h->count || !(o->shape == h->shape)) {
+      BRAID_THROW(Error, me, rank_, "rank ", p, " passed shape ", o->shape.str(), " (",
+                  toString(static_cast<DataType>(o->dtype)), ", ", o->count,
+                  " elements), this rank shape ", h->shape.str(), " (", toString(op.dtype), ", ",
+                  h->count, " elements)");
+    }
+    if (o->root != h->root) {
+      BRAID_THROW(Error, me, rank_, "rank ", p, " passed root ", o->root, ", this rank root ",
+                  h->root);
+    }
+    if (o->redop != h->redop) {
+      BRAID_THROW(Error, me, rank_, "rank ", p, " passed reduce op ",
+                  toString(static_cast<ReduceOp>(o->redop)), ", this rank ", toString(op.redop));
+    }
+    if (usesRingMin(op.kind) && o->ringMin != h->ringMin) {
+      BRAID_THROW(Error, me, rank_, "rank ", p, " runs with BRAID_NET_ALLREDUCE_RING_MIN=",
+                  o->ringMin, ", this rank with BRAID_NET_ALLREDUCE_RING_MIN=", h->ringMin,
+                  " (settings that shape an op must be equal on every rank)");
+    }
+    if (o->algo != h->algo) {
+      BRAID_THROW(Error, me, rank_, "rank ", p, " takes the ",
+                  netAlgoName(static_cast<NetAlgo>(o->algo)), " path, this rank the ",
+                  netAlgoName(algo), " path");
+    }
+  }
+  if (op.kind == OpKind::kAlltoall) {
+    for (int i = 0; i < n; ++i) {
+      for (int j = 0; j < n; ++j) {
+        uint64_t sends = sizes(i)[j], expects = sizes(j)[n + i];
+        if (sends != expects) {
+          BRAID_THROW(Error, me, rank_, "rank ", i, " sends ", sends, " bytes to rank ", j,
+                      ", which expects ", expects, " bytes from it");
+        }
+      }
+    }
+  }
+}
+
+}  // namespace net
+}  // namespace collectives
+}  // namespace braid

@@ -1,0 +1,140 @@
+// The collectives over a message Transport (transport/transport.h): one
+// NetComm per group numbers the ops, derives their message tags, exchanges and
+// checks the op headers, and turns transport failures into the group's errors.
+// Ops run one at a time on the calling thread. See Note [Collectives over
+// messages].
+//
+// Note [Collectives over messages]
+// Tags. An op's messages carry tag (opSeq << 24) | step: the op's number in
+// this group (every rank counts the same ops) and the step within the op (0 is
+// the header exchange). The transport matches per source and tag in order, so
+// a fast rank's messages of op k+1 wait in the transport until this rank posts
+// op k+1's receives, and can never be taken by a receive of op k.
+// Headers. Every op starts with a fixed-size exchange of headers (NetHeader in
+// net_comm.cc: kind, dtype, reduce op, root, count, shape, the algorithm and
+// the net settings that shape the steps, or a poison flag with a rank's
+// argument error; alltoall adds every rank's send and receive sizes) from
+// every rank to every other, before any data moves. Every rank compares every
+// header with its own and, in the same order, the whole alltoall size matrix,
+// so a mismatch fails every rank (if all headers equal mine, there is none),
+// each having consumed exactly the op's header messages: the group stays
+// usable. All-to-all costs n-1 messages per rank (n(n-1) in all) but one
+// latency; gather-to-0 + verdict broadcast costs 2(n-1) messages but two
+// latencies and a serial hop through rank 0. Groups across hosts are mostly
+// the leaders of a few hosts (2-16), where the latency is what counts, and the
+// exchange doubles as the barrier. Above a few hundred ranks a tree would be
+// better; not needed for the hierarchy's leader groups.
+// Failures. A transport error (a peer lost, the op's deadline passed) leaves
+// the ranks out of step: the NetComm names the op, this rank and the peer,
+// marks the group broken (later ops fail at once with the first error),
+// aborts the transport (so the peers fail fast with PeerLostError instead of
+// waiting for their deadline) and waits for its pending requests to end
+// before it throws, so the caller's buffers are free again. A timeout names
+// the first request of the step still pending: in the header exchange the
+// missing rank itself, in a ring step the left neighbour that is waiting in
+// turn. Aborting ends the whole transport: one NetComm per transport group.
+// Algorithms (net/collectives.h): allreduce is a ring reduce-scatter + ring
+// allgather from BRAID_NET_ALLREDUCE_RING_MIN bytes (bandwidth-optimal: each
+// rank sends 2(n-1)/n of the buffer), and below it a direct exchange (every
+// rank sends its whole input to every peer and reduces all n in rank order:
+// one latency, the shm one-shot's bits); the threshold travels in the header.
+// float16/bfloat16 SUM/AVG/PRODUCT rings carry their partial results as
+// float32 (twice the bytes in the reduce-scatter half) and round once, as the
+// shm path does (Note [Reduced-precision accumulation]); gloo's ring rounds at
+// every hop. reduce_scatter and reduce use the same ring (reduce then sends
+// each block to the root); broadcast is a binomial tree (log2(n) latencies;
+// a pipelined chain or scatter + allgather would move large buffers faster
+// across many hosts); allgather is a ring; alltoall posts every receive, then
+// the sends in pairwise order ((me + s) mod n); gather/scatter go straight
+// to/from the root; barrier is the header exchange alone.
+// What the hierarchy (collectives/hier, next) needs from this layer: an
+// allreduce of one slice of the buffer per call, whose NetComm is either the
+// leaders' group or one of several per-local-rank groups (one transport group
+// per local rank, so the slices run over every local rank's sockets at once);
+// buffers as raw pointers with counts per slice (a slice may be empty: the
+// ring handles 0-element blocks); errors that name the op, rank and peer to
+// wrap with the host; and the same op numbering across the shm and net
+// stages, which is the hierarchy's to keep (each group numbers its own ops).
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "collectives/communicator.h"
+#include "transport/transport.h"
+
+namespace braid {
+namespace collectives {
+namespace net {
+
+// The net settings that shape an op's steps (read once per group; compared in
+// every header, Note [Settings that shape an op]).
+struct NetConfig {
+  uint64_t allreduceRingMin = 64 << 10;  // BRAID_NET_ALLREDUCE_RING_MIN
+  // Throws an Error naming "init" and `rank` when a value is invalid.
+  static NetConfig fromEnv(int rank);
+};
+
+// How an op moves its data. Values travel in headers.
+enum class NetAlgo : uint32_t {
+  kHeaderOnly = 1,  // barrier, or a rank that failed its argument checks
+  kDirect,          // every rank straight to the ranks that need its data
+  kRing,            // ring reduce-scatter and/or allgather
+  kTree,            // binomial tree
+  kPairwise,        // alltoall
+};
+const char* netAlgoName(NetAlgo a);
+
+class NetComm {
+ public:
+  explicit NetComm(transport::Transport& t, std::optional<NetConfig> cfg = std::nullopt);
+  ~NetComm();
+
+  int rank() const { return rank_; }
+  int size() const { return size_; }
+  const NetConfig& config() const { return cfg_; }
+  uint64_t opCount() const { return opSeq_; }
+  transport::Transport& transport() { return t_; }
+
+  // Starts an op: numbers it, exchanges and checks headers (throws on a
+  // mismatch, the group stays usable; throws op.localError on a rank that
+  // failed its checks, after telling the peers; a reduction the kernels do
+  // not support, kPremulSum included, fails the same way on every rank).
+  void begin(const OpDesc& op, NetAlgo algo);
+
+  // Posts step `step` of the current op; wait() waits for everything posted.
+  // Messages of 0 bytes are not sent: both ends skip them (sizes are agreed).
+  void send(int dst, uint32_t step, const void* data, size_t bytes);
+  void recv(int src, uint32_t step, void* data, size_t bytes);
+  void wait();
+
+  void markBroken(const std::string& why);
+  const std::string& brokenReason() const { return broken_; }
+
+ private:
+  struct Pending {
+    std::shared_ptr<transport::Request> req;
+    int peer;
+  };
+  uint64_t tag(uint32_t step) const { return (opSeq_ << 24) | step; }
+  [[noreturn]] void fail(const Pending& p, const char* kind, const std::string& text,
+                         bool timeout, bool lost);
+  void exchangeHeaders(const OpDesc& op, NetAlgo algo);
+
+  transport::Transport& t_;
+  const int rank_;
+  const int size_;
+  const NetConfig cfg_;
+  uint64_t opSeq_ = 0;
+  const char* opName_ = "";
+  OpDesc cur_;
+  std::vector<Pending> pending_;
+  std::string broken_;
+};
+
+}  // namespace net
+}  // namespace collectives
+}  // namespace braid

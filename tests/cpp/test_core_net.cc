@@ -1,0 +1,511 @@
+// Collectives over the message transport (collectives/net), threads as ranks
+// over loopback TCP, results checked against closed forms.
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <cstring>
+#include <numeric>
+
+#include "collectives/net/collectives.h"
+#include "core_group.h"
+#include "reduce/half.h"
+#include "reduce/reduce.h"
+#include "tcp_group.h"
+
+namespace braid {
+namespace {
+
+using collectives::OpDesc;
+using collectives::OpKind;
+using collectives::net::NetComm;
+using collectives::net::NetConfig;
+using testing::desc;
+using testing::runRanks;
+namespace net = collectives::net;
+
+constexpr uint64_t kAlwaysRing = 0;
+constexpr uint64_t kNeverRing = ~uint64_t(0);
+
+// A group of NetComms over loopback TCP; cfg(rank) gives each rank's settings.
+struct NetGroup {
+  std::vector<std::unique_ptr<transport::Transport>> ts;
+  std::vector<std::unique_ptr<NetComm>> comms;
+  NetGroup(int n, const std::function<NetConfig(int)>& cfg) {
+    auto o = testing::tcpOptions("net", 1);
+    ts = testing::connectGroup(n, [o](int) { return o; });
+    for (int r = 0; r < n; ++r) comms.push_back(std::make_unique<NetComm>(*ts[r], cfg(r)));
+  }
+  NetGroup(int n, uint64_t ringMin)
+      : NetGroup(n, [ringMin](int) {
+          NetConfig c;
+          c.allreduceRingMin = ringMin;
+          return c;
+        }) {}
+  ~NetGroup() {
+    comms.clear();
+    for (auto& t : ts) t->close();
+  }
+};
+
+// ---- values as doubles, in any dtype ---------------------------------------
+double get(DataType t, const void* p, size_t i) {
+  switch (t) {
+    case DataType::kFloat32: return static_cast<const float*>(p)[i];
+    case DataType::kFloat64: return static_cast<const double*>(p)[i];
+    case DataType::kFloat16: return reduce::halfToFloat(static_cast<const uint16_t*>(p)[i]);
+    case DataType::kBFloat16: return reduce::bf16ToFloat(static_cast<const uint16_t*>(p)[i]);
+    case DataType::kInt32: return static_cast<const int32_t*>(p)[i];
+    case DataType::kUInt8: return static_cast<const uint8_t*>(p)[i];
+    case DataType::kInt64: return static_cast<double>(static_cast<const int64_t*>(p)[i]);
+    default: throw Error("test: dtype not handled");
+  }
+}
+void set(DataType t, void* p, size_t i, double v) {
+  switch (t) {
+    case DataType::kFloat32: static_cast<float*>(p)[i] = static_cast<float>(v); break;
+    case DataType::kFloat64: static_cast<double*>(p)[i] = v; break;
+    case DataType::kFloat16: static_cast<uint16_t*>(p)[i] = reduce::floatToHalf(static_cast<float>(v)); break;
+    case DataType::kBFloat16: static_cast<uint16_t*>(p)[i] = reduce::floatToBf16(static_cast<float>(v)); break;
+    case DataType::kInt32: static_cast<int32_t*>(p)[i] = static_cast<int32_t>(v); break;
+    case DataType::kUInt8: static_cast<uint8_t*>(p)[i] = static_cast<uint8_t>(v); break;
+    case DataType::kInt64: static_cast<int64_t*>(p)[i] = static_cast<int64_t>(v); break;
+    default: throw Error("test: dtype not handled");
+  }
+}
+
+// Inputs whose results are exact in every tested dtype.
+int64_t input(ReduceOp op, int r, size_t i) {
+  switch (op) {
+    case ReduceOp::kProduct: return 1 + (r + i) % 2;
+    case ReduceOp::kMin:
+    case ReduceOp::kMax: return 3 * ((r + i) % 5) + i % 7;
+    case ReduceOp::kBand:
+    case ReduceOp::kBor:
+    case ReduceOp::kBxor: return (r * 37 + i * 11) & 0x7f;
+    default: return r + 1 + i % 5;
+  }
+}
+
+double expected(ReduceOp op, DataType t, int n, size_t i) {
+  int64_t acc = input(op, 0, i);
+  for (int r = 1; r < n; ++r) {
+    int64_t v = input(op, r, i);
+    switch (op) {
+      case ReduceOp::kProduct: acc *= v; break;
+      case ReduceOp::kMin: acc = std::min(acc, v); break;
+      case ReduceOp::kMax: acc = std::max(acc, v); break;
+      case ReduceOp::kBand: acc &= v; break;
+      case ReduceOp::kBor: acc |= v; break;
+      case ReduceOp::kBxor: acc ^= v; break;
+      default: acc += v;
+    }
+  }
+  if (op == ReduceOp::kAvg) {
+    return isFloating(t) ? static_cast<double>(acc) / n : static_cast<double>(acc / n);
+  }
+  return static_cast<double>(acc);
+}
+
+bool close(DataType t, double got, double want) {
+  if (!isFloating(t)) return got == want;
+  double tol = (t == DataType::kFloat16 || t == DataType::kBFloat16) ? 1e-2 : 1e-6;
+  return std::fabs(got - want) <= tol * std::max(1.0, std::fabs(want));
+}
+
+std::vector<uint8_t> filled(DataType t, ReduceOp op, int r, size_t count) {
+  std::vector<uint8_t> v(count * elementSize(t) + 1);
+  for (size_t i = 0; i < count; ++i) set(t, v.data(), i, static_cast<double>(input(op, r, i)));
+  return v;
+}
+
+// Mismatching elements of `p` against expected(op, ...).
+size_t badReduced(DataType t, ReduceOp op, int n, const void* p, size_t count) {
+  size_t bad = 0;
+  for (size_t i = 0; i < count; ++i) bad += !close(t, get(t, p, i), expected(op, t, n, i));
+  return bad;
+}
+
+std::vector<ReduceOp> opsFor(DataType t) {
+  std::vector<ReduceOp> ops = {ReduceOp::kSum, ReduceOp::kProduct, ReduceOp::kMin,
+                               ReduceOp::kMax, ReduceOp::kAvg};
+  if (!isFloating(t)) {
+    ops.insert(ops.end(), {ReduceOp::kBand, ReduceOp::kBor, ReduceOp::kBxor});
+  }
+  return ops;
+}
+
+const DataType kTypes[] = {DataType::kFloat32, DataType::kFloat64, DataType::kInt32,
+                           DataType::kBFloat16, DataType::kFloat16, DataType::kUInt8};
+
+// Every reducing op, dtype and reduce op at `count`, and the data movers.
+void checkAll(NetGroup& g, int n, size_t count) {
+  runRanks(n, [&](int r) {
+    NetComm& c = *g.comms[r];
+    for (DataType t : kTypes) {
+      const size_t es = elementSize(t);
+      for (ReduceOp op : opsFor(t)) {
+        std::string what = strCat(toString(t), " ", toString(op), " n=", n, " count=", count);
+        auto in = filled(t, op, r, count);
+        std::vector<uint8_t> out(in.size(), 0xee);
+        net::allreduce(c, desc(OpKind::kAllreduce, count, t, 0, op), in.data(), out.data());
+        EXPECT_EQ(badReduced(t, op, n, out.data(), count), 0u) << "allreduce " << what;
+        net::allreduce(c, desc(OpKind::kAllreduce, count, t, 0, op), in.data(), in.data());
+        EXPECT_EQ(badReduced(t, op, n, in.data(), count), 0u) << "allreduce in place " << what;
+        // reduce to the last rank
+        in = filled(t, op, r, count);
+        std::fill(out.begin(), out.end(), 0xee);
+        net::reduce(c, desc(OpKind::kReduce, count, t, n - 1, op), in.data(), out.data());
+        if (r == n - 1) {
+          EXPECT_EQ(badReduced(t, op, n, out.data(), count), 0u) << "reduce " << what;
+        }
+        // reduce_scatter: section q of every rank holds input(op, r, q * count + i)
+        std::vector<std::vector<uint8_t>> secs(n);
+        std::vector<const void*> secPtrs(n);
+        for (int q = 0; q < n; ++q) {
+          secs[q].resize(count * es + 1);
+          for (size_t i = 0; i < count; ++i)
+            set(t, secs[q].data(), i, static_cast<double>(input(op, r, q * count + i)));
+          secPtrs[q] = secs[q].data();
+        }
+        std::fill(out.begin(), out.end(), 0xee);
+        net::reduceScatter(c, desc(OpKind::kReduceScatter, count, t, 0, op), secPtrs.data(),
+                           out.data());
+        size_t bad = 0;
+        for (size_t i = 0; i < count; ++i)
+          bad += !close(t, get(t, out.data(), i), expected(op, t, n, r * count + i));
+        EXPECT_EQ(bad, 0u) << "reduce_scatter " << what;
+      }
+      // broadcast from each root, allgather, gather and scatter
+      const ReduceOp s = ReduceOp::kSum;
+      for (int root = 0; root < n; ++root) {
+        auto buf = filled(t, s, r, count);
+        net::broadcast(c, desc(OpKind::kBroadcast, count, t, root), buf.data());
+        size_t bad = 0;
+        for (size_t i = 0; i < count; ++i) bad += get(t, buf.data(), i) != input(s, root, i);
+        EXPECT_EQ(bad, 0u) << "broadcast root " << root << " " << toString(t) << " count " << count;
+      }
+      auto in = filled(t, s, r, count);
+      std::vector<std::vector<uint8_t>> outs(n, std::vector<uint8_t>(count * es + 1, 0xee));
+      std::vector<void*> outPtrs(n);
+      for (int q = 0; q < n; ++q) outPtrs[q] = outs[q].data();
+      net::allgather(c, desc(OpKind::kAllgather, count, t), in.data(), outPtrs.data());
+      size_t bad = 0;
+      for (int q = 0; q < n; ++q)
+        for (size_t i = 0; i < count; ++i) bad += get(t, outs[q].data(), i) != input(s, q, i);
+      EXPECT_EQ(bad, 0u) << "allgather " << toString(t) << " count " << count;
+      for (auto& o : outs) std::fill(o.begin(), o.end(), 0xee);
+      net::gather(c, desc(OpKind::kGather, count, t, n / 2), in.data(), outPtrs.data());
+      if (r == n / 2) {
+        bad = 0;
+        for (int q = 0; q < n; ++q)
+          for (size_t i = 0; i < count; ++i) bad += get(t, outs[q].data(), i) != input(s, q, i);
+        EXPECT_EQ(bad, 0u) << "gather " << toString(t) << " count " << count;
+      }
+      // scatter from rank n/2: section q holds input(q)
+      std::vector<std::vector<uint8_t>> secs(n);
+      std::vector<const void*> secPtrs(n);
+      for (int q = 0; q < n; ++q) {
+        secs[q] = filled(t, s, q, count);
+        secPtrs[q] = secs[q].data();
+      }
+      std::vector<uint8_t> got(count * es + 1, 0xee);
+      net::scatter(c, desc(OpKind::kScatter, count, t, n / 2), secPtrs.data(), got.data());
+      bad = 0;
+      for (size_t i = 0; i < count; ++i) bad += get(t, got.data(), i) != input(s, r, i);
+      EXPECT_EQ(bad, 0u) << "scatter " << toString(t) << " count " << count;
+    }
+    // alltoall with uneven sizes: rank r sends (r + j + count) % 5 + count bytes to j
+    std::vector<uint64_t> sendB(n), recvB(n);
+    std::vector<std::vector<uint8_t>> ins(n), outs(n);
+    std::vector<const void*> inPtrs(n);
+    std::vector<void*> outPtrs(n);
+    for (int j = 0; j < n; ++j) {
+      sendB[j] = (r + j + count) % 5 + count;
+      recvB[j] = (j + r + count) % 5 + count;
+      ins[j] = testing::patterned(r, j, 0, sendB[j]);
+      outs[j].assign(recvB[j] + 1, 0xee);
+      inPtrs[j] = ins[j].data();
+      outPtrs[j] = outs[j].data();
+    }
+    OpDesc a = desc(OpKind::kAlltoall, 0, DataType::kUInt8);
+    a.sendBytes = sendB.data();
+    a.recvBytes = recvB.data();
+    net::alltoall(c, a, inPtrs.data(), outPtrs.data());
+    for (int j = 0; j < n; ++j) {
+      auto want = testing::patterned(j, r, 0, recvB[j]);
+      EXPECT_TRUE(std::equal(want.begin(), want.end(), outs[j].begin())) << "alltoall from " << j;
+    }
+    net::barrier(c, desc(OpKind::kBarrier, 0));
+  });
+}
+
+class Worlds : public ::testing::TestWithParam<int> {};
+
+TEST_P(Worlds, RingEveryOpDtypeAndCount) {
+  const int n = GetParam();
+  NetGroup g(n, kAlwaysRing);
+  for (size_t count : {size_t(0), size_t(1), size_t(7), size_t(1023)}) checkAll(g, n, count);
+  EXPECT_EQ(g.comms[0]->opCount(), g.comms[n - 1]->opCount());
+}
+
+TEST_P(Worlds, DirectEveryOpDtypeAndCount) {
+  const int n = GetParam();
+  NetGroup g(n, kNeverRing);
+  for (size_t count : {size_t(0), size_t(1), size_t(7), size_t(1023)}) checkAll(g, n, count);
+}
+
+INSTANTIATE_TEST_SUITE_P(Net, Worlds, ::testing::Values(1, 2, 3, 4, 5));
+
+// ~1M elements (4 MiB of fp32, 2 MiB of bf16) through the ring and the default
+// threshold; PREMUL_SUM as the backend passes it (input scaled, then SUM).
+TEST(NetLarge, AllreduceReduceScatterAllgatherMiB) {
+  const int n = 3;
+  const size_t count = (1 << 20) + 3;
+  NetGroup g(n, NetConfig{}.allreduceRingMin);
+  runRanks(n, [&](int r) {
+    NetComm& c = *g.comms[r];
+    for (DataType t : {DataType::kFloat32, DataType::kBFloat16}) {
+      auto in = filled(t, ReduceOp::kSum, r, count);
+      std::vector<uint8_t> out(in.size());
+      net::allreduce(c, desc(OpKind::kAllreduce, count, t), in.data(), out.data());
+      EXPECT_EQ(badReduced(t, ReduceOp::kSum, n, out.data(), count), 0u) << toString(t);
+    }
+    // PREMUL_SUM by 0.5: the caller scales, the op runs as SUM.
+    auto in = filled(DataType::kFloat32, ReduceOp::kSum, r, count);
+    reduce::scale(DataType::kFloat32, in.data(), in.data(), 0.5, count);
+    net::allreduce(c, desc(OpKind::kAllreduce, count), in.data(), in.data());
+    size_t bad = 0;
+    for (size_t i = 0; i < count; ++i)
+      bad += get(DataType::kFloat32, in.data(), i) != 0.5 * expected(ReduceOp::kSum, DataType::kFloat32, n, i);
+    EXPECT_EQ(bad, 0u) << "premul_sum";
+    auto mine = filled(DataType::kFloat32, ReduceOp::kSum, r, count);
+    std::vector<std::vector<float>> outs(n, std::vector<float>(count));
+    std::vector<void*> outPtrs(n);
+    for (int q = 0; q < n; ++q) outPtrs[q] = outs[q].data();
+    net::allgather(c, desc(OpKind::kAllgather, count), mine.data(), outPtrs.data());
+    bad = 0;
+    for (int q = 0; q < n; ++q)
+      for (size_t i = 0; i < count; i += 97) bad += outs[q][i] != input(ReduceOp::kSum, q, i);
+    EXPECT_EQ(bad, 0u) << "allgather";
+  });
+}
+
+// Note [Collectives over messages]: a ring that rounded to bf16 at every hop
+// would lose 2^-8 + 2^-8 against 1 in some blocks (1 + 2^-8 ties to 1);
+// partials travel as float32, so every element is 1 + 2^-7.
+TEST(NetPrecision, Bf16RingRoundsOnce) {
+  const int n = 3;
+  const size_t count = 9;
+  NetGroup g(n, kAlwaysRing);
+  runRanks(n, [&](int r) {
+    std::vector<uint16_t> buf(count, reduce::floatToBf16(r == 0 ? 1.0f : 0x1p-8f));
+    net::allreduce(*g.comms[r], desc(OpKind::kAllreduce, count, DataType::kBFloat16), buf.data(),
+                   buf.data());
+    for (size_t i = 0; i < count; ++i) EXPECT_EQ(reduce::bf16ToFloat(buf[i]), 1.0f + 0x1p-7f) << i;
+  });
+}
+
+TEST(NetConfigTest, ReadFromTheEnvironmentAndChecked) {
+  ::setenv("BRAID_NET_ALLREDUCE_RING_MIN", "4096", 1);
+  EXPECT_EQ(NetConfig::fromEnv(0).allreduceRingMin, 4096u);
+  ::setenv("BRAID_NET_ALLREDUCE_RING_MIN", "-1", 1);
+  try {
+    NetConfig::fromEnv(3);
+    ADD_FAILURE() << "a negative threshold was accepted";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("init (rank 3): BRAID_NET_ALLREDUCE_RING_MIN must be >= 0, got -1"),
+              std::string::npos) << e.what();
+  }
+  ::unsetenv("BRAID_NET_ALLREDUCE_RING_MIN");
+  EXPECT_EQ(NetConfig::fromEnv(0).allreduceRingMin, NetConfig{}.allreduceRingMin);
+}
+
+// ---- errors ------------------------------------------------------------------
+
+// Rank 1 passes `bad` instead of `good`: every rank throws a message with all
+// the `needles`, and the group then runs an allreduce correctly.
+void expectMismatch(int n, const OpDesc& good, const OpDesc& bad,
+                    std::vector<std::string> needles, const std::function<NetConfig(int)>& cfg = {}) {
+  NetGroup g(n, cfg ? cfg : [](int) { return NetConfig{}; });
+  runRanks(n, [&](int r) {
+    NetComm& c = *g.comms[r];
+    OpDesc d = r == 1 ? bad : good;
+    d.deadline = testing::after(10000);
+    std::vector<uint8_t> buf(64 * 8 + 64, 1);
+    std::vector<void*> outs(n, buf.data());
+    try {
+      if (!d.localError.empty()) {
+        net::failOp(c, d);
+      } else if (d.kind == OpKind::kAllreduce) {
+        net::allreduce(c, d, buf.data(), buf.data());
+      } else if (d.kind == OpKind::kBroadcast) {
+        net::broadcast(c, d, buf.data());
+      } else if (d.kind == OpKind::kReduce) {
+        net::reduce(c, d, buf.data(), buf.data());
+      } else {
+        FAIL() << "test: kind";
+      }
+      ADD_FAILURE() << "rank " << r << " did not throw";
+    } catch (const Error& e) {
+      for (const auto& s : needles) EXPECT_NE(std::string(e.what()).find(s), std::string::npos) << "rank " << r << ": " << e.what() << " lacks " << s;
+    }
+    // The group still works (a broadcast: the settings case keeps its
+    // differing BRAID_NET_ALLREDUCE_RING_MIN, which fails every allreduce).
+    std::vector<float> v(10, static_cast<float>(r + 1));
+    net::broadcast(c, desc(OpKind::kBroadcast, 10, DataType::kFloat32, n - 1), v.data());
+    for (float x : v) EXPECT_EQ(x, static_cast<float>(n));
+    if (!cfg) {
+      net::allreduce(c, desc(OpKind::kAllreduce, 10), v.data(), v.data());
+      for (float x : v) EXPECT_EQ(x, static_cast<float>(n * n));
+    }
+  });
+}
+
+TEST(NetErrors, HeaderMismatchesFailEveryRankAndKeepTheGroup) {
+  auto d = [](OpKind k, size_t count, DataType t = DataType::kFloat32, int root = 0,
+              ReduceOp op = ReduceOp::kSum) { return desc(k, count, t, root, op); };
+  expectMismatch(3, d(OpKind::kAllreduce, 8), d(OpKind::kAllreduce, 9), {"shape [8]", "[9]"});
+  expectMismatch(3, d(OpKind::kAllreduce, 8), d(OpKind::kAllreduce, 8, DataType::kInt32),
+                 {"float32", "int32"});
+  expectMismatch(3, d(OpKind::kAllreduce, 8), d(OpKind::kBroadcast, 8), {"allreduce", "broadcast"});
+  expectMismatch(3, d(OpKind::kBroadcast, 8, DataType::kFloat32, 0),
+                 d(OpKind::kBroadcast, 8, DataType::kFloat32, 2), {"root 0", "root 2"});
+  expectMismatch(4, d(OpKind::kReduce, 8), d(OpKind::kReduce, 8, DataType::kFloat32, 0, ReduceOp::kMax),
+                 {"SUM", "MAX"});
+  OpDesc poison = d(OpKind::kAllreduce, 8);
+  poison.localError = "braid allreduce (rank 1): the tensor is not contiguous";
+  expectMismatch(3, d(OpKind::kAllreduce, 8), poison, {"not contiguous"});
+  // a reduction the kernels cannot run fails in the header exchange
+  expectMismatch(3, d(OpKind::kAllreduce, 8, DataType::kFloat32, 0, ReduceOp::kBand),
+                 d(OpKind::kAllreduce, 8, DataType::kFloat32, 0, ReduceOp::kBand),
+                 {"BAND is not supported for float32"});
+  expectMismatch(2, d(OpKind::kReduce, 8, DataType::kFloat32, 0, ReduceOp::kPremulSum),
+                 d(OpKind::kReduce, 8, DataType::kFloat32, 0, ReduceOp::kPremulSum),
+                 {"PREMUL_SUM: scale the input, pass SUM"});
+  // a setting that shapes the steps
+  expectMismatch(2, d(OpKind::kAllreduce, 8), d(OpKind::kAllreduce, 8),
+                 {"BRAID_NET_ALLREDUCE_RING_MIN=1024", "BRAID_NET_ALLREDUCE_RING_MIN=65536"},
+                 [](int r) {
+                   NetConfig c;
+                   if (r == 1) c.allreduceRingMin = 1024;
+                   return c;
+                 });
+}
+
+TEST(NetErrors, AlltoallSizesCheckedOnEveryRank) {
+  const int n = 3;
+  NetGroup g(n, kAlwaysRing);
+  runRanks(n, [&](int r) {
+    std::vector<uint64_t> sendB(n, 4), recvB(n, 4);
+    if (r == 2) recvB[0] = 5;  // rank 0 sends 4 bytes, rank 2 expects 5
+    std::vector<uint8_t> buf(16);
+    std::vector<const void*> ins(n, buf.data());
+    std::vector<uint8_t> o(16 * n);
+    std::vector<void*> outs(n);
+    for (int j = 0; j < n; ++j) outs[j] = o.data() + 16 * j;
+    OpDesc a = desc(OpKind::kAlltoall, 0, DataType::kUInt8);
+    a.sendBytes = sendB.data();
+    a.recvBytes = recvB.data();
+    try {
+      net::alltoall(*g.comms[r], a, ins.data(), outs.data());
+      ADD_FAILURE() << "rank " << r << " did not throw";
+    } catch (const Error& e) {
+      EXPECT_NE(std::string(e.what()).find("rank 0 sends 4 bytes to rank 2, which expects 5"),
+                std::string::npos) << e.what();
+    }
+    net::barrier(*g.comms[r], desc(OpKind::kBarrier, 0));
+  });
+}
+
+// Rank 2 closes its transport instead of joining the op: the others fail
+// with PeerLostError naming it, well before the deadline, and later ops fail
+// at once with that first error.
+TEST(NetErrors, LostPeerFailsTheOthersNamingIt) {
+  const int n = 3;
+  NetGroup g(n, kAlwaysRing);
+  const size_t count = 1 << 18;
+  runRanks(n, [&](int r) {
+    if (r == 2) {
+      g.ts[2]->close();
+      return;
+    }
+    std::vector<float> buf(count, 1.f);
+    auto t0 = transport::Clock::now();
+    try {
+      net::allreduce(*g.comms[r], desc(OpKind::kAllreduce, count, DataType::kFloat32, 0,
+                                       ReduceOp::kSum, std::chrono::seconds(20)),
+                     buf.data(), buf.data());
+      ADD_FAILURE() << "rank " << r << " did not throw";
+    } catch (const Error& e) {
+      // Rank 2 is lost, or, for the rank that hears it second, the rank that
+      // aborted on seeing it.
+      std::string w = e.what();
+      EXPECT_NE(w.find("allreduce (rank " + std::to_string(r) + ")"), std::string::npos) << w;
+      EXPECT_TRUE(w.find("rank 2") != std::string::npos || w.find("lost") != std::string::npos) << w;
+    }
+    EXPECT_LT(transport::Clock::now() - t0, std::chrono::seconds(10));
+    try {
+      net::barrier(*g.comms[r], desc(OpKind::kBarrier, 0));
+      ADD_FAILURE() << "barrier after a lost peer did not throw";
+    } catch (const Error& e) {
+      EXPECT_NE(std::string(e.what()).find("unusable after an earlier error"), std::string::npos)
+          << e.what();
+    }
+  });
+}
+
+// Rank 2 passes the header exchange of a 16 MiB ring allreduce, then its
+// transport is aborted (as its process dies): the others, now waiting for
+// ring data, fail within the deadline naming a lost peer (rank 2, or the
+// survivor that aborted on seeing it).
+TEST(NetErrors, PeerLostMidOp) {
+  const int n = 3;
+  NetGroup g(n, kAlwaysRing);
+  const size_t count = 4 << 20;
+  runRanks(n, [&](int r) {
+    OpDesc d = desc(OpKind::kAllreduce, count, DataType::kFloat32, 0, ReduceOp::kSum,
+                    std::chrono::seconds(20));
+    if (r == 2) {
+      g.comms[2]->begin(d, net::NetAlgo::kRing);
+      g.ts[2]->abort("test: rank 2 dies");
+      return;
+    }
+    std::vector<float> buf(count, 1.f);
+    auto t0 = transport::Clock::now();
+    try {
+      net::allreduce(*g.comms[r], d, buf.data(), buf.data());
+      ADD_FAILURE() << "rank " << r << " did not throw";
+    } catch (const PeerLostError& e) {
+      std::string w = e.what();
+      EXPECT_NE(w.find("allreduce (rank " + std::to_string(r) + "): op #1 lost rank"),
+                std::string::npos) << w;
+    } catch (const Error& e) {
+      ADD_FAILURE() << "not a PeerLostError: " << e.what();
+    }
+    EXPECT_LT(transport::Clock::now() - t0, std::chrono::seconds(10));
+  });
+}
+
+// Rank 2 never arrives: the others time out at the op's deadline naming it.
+TEST(NetErrors, MissingRankTimesOutNamingIt) {
+  const int n = 3;
+  NetGroup g(n, kAlwaysRing);
+  runRanks(n, [&](int r) {
+    if (r == 2) return;
+    std::vector<float> buf(16, 1.f);
+    try {
+      net::allreduce(*g.comms[r], desc(OpKind::kAllreduce, 16, DataType::kFloat32, 0,
+                                       ReduceOp::kSum, std::chrono::milliseconds(300)),
+                     buf.data(), buf.data());
+      ADD_FAILURE() << "rank " << r << " did not throw";
+    } catch (const TimeoutError& e) {
+      std::string w = e.what();
+      EXPECT_NE(w.find("timed out after 300 ms waiting for rank 2"), std::string::npos) << w;
+    } catch (const Error& e) {
+      ADD_FAILURE() << "not a timeout: " << e.what();
+    }
+  });
+}
+
+}  // namespace
+}  // namespace braid
