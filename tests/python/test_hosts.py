@@ -226,3 +226,42 @@ def test_torchrun_two_nodes_with_c10d_rendezvous(tmp_path):
     got = {f: (tmp_path / f).read_text() for f in sorted(os.listdir(tmp_path))}
     assert got == {f"rank{r}": f"ok {r} of 4" for r in range(4)}, (got, outs[0][-3000:])
     assert hosts_mod.leftovers(h.prefix) == []
+
+
+# ---- benchmarks/collectives.py --hosts ------------------------------------------------------
+def test_benchmark_places_ranks_on_hosts_and_reports_each_backend(tmp_path):
+    """A tiny --hosts 2 sweep: gloo is timed; braid's refusal is reported, not fatal."""
+    backends = ["braid", "gloo"] if H.BACKEND == "braid" else ["gloo"]
+    js = tmp_path / "hosts.json"
+    cmd = [sys.executable, os.path.join(H.REPO, "benchmarks", "collectives.py"), "--nprocs", "2",
+           "--hosts", "2", "--link-gbit", "5", "--backends", ",".join(backends), "--ops",
+           "allreduce", "--sizes", "4,64K", "--warmup", "1", "--min-iters", "2", "--rounds", "2",
+           "--time-per-point", "0.01", "--settle-ms", "1", "--memcpy-bytes", "1M",
+           "--no-progress", "--no-accuracy", "--timeout", "60", "--json", str(js)]
+    p = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                         start_new_session=True)
+    try:
+        p.stdout, p.stderr = p.communicate(timeout=JOB_TIMEOUT_S)
+    except subprocess.TimeoutExpired:
+        os.killpg(p.pid, signal.SIGKILL)
+        pytest.fail(f"the benchmark did not finish within {JOB_TIMEOUT_S} s")
+    finally:
+        # The launcher tears its hosts (prefix bh<its pid>) down itself: nothing may be left.
+        left = hosts_mod._our_namespaces(f"bh{p.pid}") + [
+            d for d in (os.listdir(hosts_mod.STATE_ROOT) if os.path.isdir(hosts_mod.STATE_ROOT)
+                        else []) if d.startswith(f"bh{p.pid}-")]
+        hosts_mod.teardown_stale()
+    assert not left, left
+    assert p.returncode == 0, f"{p.stdout[-3000:]}\n{p.stderr[-3000:]}"
+    assert "# hosts: braid-h0 x1, braid-h1 x1, links capped at 5.0 Gbit/s" in p.stdout
+    report = json.loads(js.read_text())
+    assert report["meta"]["hosts"] == ["braid-h0", "braid-h1"]
+    res = {(r["backend"], r["bytes"]): r for r in report["runs"][0]["results"]}
+    for size in (4, 65536):
+        assert res[("gloo", size)]["status"] == "ok" and res[("gloo", size)]["time_us"] > 0
+        if "braid" in backends:
+            want = "ok" if BRAID_ACROSS_HOSTS == "works" else "unsupported"
+            assert res[("braid", size)]["status"] == want, res[("braid", size)]
+    if "braid" in backends and BRAID_ACROSS_HOSTS == "refused":
+        assert "group spans hosts" in report["runs"][0]["init_failed"]["braid"]
+        assert "# braid: not measured: group creation failed on 2 of 2 ranks" in p.stdout
