@@ -35,6 +35,7 @@ go with them), unmounts the tmpfs and removes the state directory.
 """
 
 import atexit
+import functools
 import os
 import random
 import shutil
@@ -54,6 +55,7 @@ _ENTER = ('echo "$1" > /proc/sys/kernel/hostname && mount --bind "$2" /dev/shm &
           'shift 4 && exec "$@"')
 
 
+@functools.lru_cache(maxsize=None)
 def unavailable():
     """Why simulated hosts cannot be made here, or None."""
     if os.geteuid() != 0:

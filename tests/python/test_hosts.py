@@ -138,8 +138,10 @@ def test_teardown_kills_and_removes_everything_and_is_idempotent():
     a, b = hosts_mod.Hosts(2), hosts_mod.Hosts(1)  # two runs at once: names do not collide
     assert a.prefix != b.prefix and a.addr(0) == b.addr(0)
     sleeper = subprocess.Popen(a.cmd(1, ["sleep", "300"]))
-    time.sleep(0.2)
-    assert sleeper.pid in a.pids() or sleeper.poll() is None
+    deadline = time.monotonic() + 10
+    while sleeper.pid not in a.pids() and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert sleeper.pid in a.pids() and sleeper.poll() is None
     a.teardown()
     a.teardown()
     assert sleeper.wait(10) == -signal.SIGKILL
@@ -265,3 +267,18 @@ def test_benchmark_places_ranks_on_hosts_and_reports_each_backend(tmp_path):
     if "braid" in backends and BRAID_ACROSS_HOSTS == "refused":
         assert "group spans hosts" in report["runs"][0]["init_failed"]["braid"]
         assert "# braid: not measured: group creation failed on 2 of 2 ranks" in p.stdout
+
+
+def test_a_terminated_owner_tears_down_and_a_killed_ones_leftovers_are_found():
+    code = (f"import sys, time; sys.path.insert(0, {os.path.join(H.REPO, 'tools')!r}); "
+            "import hosts; h = hosts.Hosts(2); print(h.prefix, flush=True); time.sleep(60)")
+    for sig in (signal.SIGTERM, signal.SIGINT, signal.SIGKILL):
+        owner = subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE, text=True)
+        prefix = owner.stdout.readline().strip()
+        assert hosts_mod.leftovers(prefix), "the hosts exist while their owner runs"
+        owner.send_signal(sig)
+        owner.wait(30)
+        if sig == signal.SIGKILL:  # no chance to clean up: the next run's sweep does
+            assert hosts_mod.leftovers(prefix)
+            assert prefix in hosts_mod.teardown_stale()
+        assert hosts_mod.leftovers(prefix) == [], sig
