@@ -158,12 +158,19 @@ class Hosts:
                  "--propagation", "private", "sh", "-c", _ENTER, "sh", self.hostname(k),
                  self.shm(k), os.path.join(self.state, "hosts"), self.state] + list(argv))
 
-    def pids(self):
+    def pids(self, k=None):
+        """The processes running on host k (every host and the bridge: k=None)."""
+        names = [self.ns(k)] if k is not None else [self.bridge_ns] + [self.ns(q) for q in
+                                                                         range(self.n)]
         out = set()
-        for ns in [self.bridge_ns] + [self.ns(k) for k in range(self.n)]:
+        for ns in names:
             p = _sh("ip", "netns", "pids", ns, check=False)
             out |= {int(x) for x in p.stdout.split()}
         return out
+
+    def set_link(self, k, up):
+        """Takes host k's interface down (a host that vanishes from the network) or up."""
+        _sh("ip", "-n", self.ns(k), "link", "set", "eth0", "up" if up else "down")
 
     def teardown(self):
         """Kills the hosts' processes and removes every trace of this run. Idempotent."""

@@ -93,6 +93,11 @@ def test_hosts_reach_each_other_and_nothing_else(hosts2):
         root.close()
         assert listener.wait(30) == 0
         assert listener.stdout.read().strip() == f"{hosts2.addr(1)} hello"
+        hosts2.set_link(0, up=False)  # host 0 vanishes from the network
+        gone = on(hosts2, 1, "import socket\ntry:\n    socket.create_connection("
+                             f"({hosts2.addr(0)!r}, 7000), 1)\nexcept OSError as e:\n"
+                             "    print(type(e).__name__)")
+        assert gone in ("timeout", "TimeoutError", "OSError"), gone
     finally:
         listener.kill()
         listener.wait()
@@ -139,9 +144,9 @@ def test_teardown_kills_and_removes_everything_and_is_idempotent():
     assert a.prefix != b.prefix and a.addr(0) == b.addr(0)
     sleeper = subprocess.Popen(a.cmd(1, ["sleep", "300"]))
     deadline = time.monotonic() + 10
-    while sleeper.pid not in a.pids() and time.monotonic() < deadline:
+    while sleeper.pid not in a.pids(1) and time.monotonic() < deadline:
         time.sleep(0.05)
-    assert sleeper.pid in a.pids() and sleeper.poll() is None
+    assert sleeper.pid in a.pids(1) and sleeper.pid not in a.pids(0) and sleeper.poll() is None
     a.teardown()
     a.teardown()
     assert sleeper.wait(10) == -signal.SIGKILL
