@@ -130,18 +130,28 @@ def free_port():
         return s.getsockname()[1]
 
 
-def launch_if_requested(nprocs, store="file", grace_s=10.0):
+def launch_if_requested(nprocs, store="file", grace_s=10.0, hosts=0, link_gbit=None):
     """In the parent: run this script `nprocs` times as ranks and return the exit code.
 
     Returns None when this process is itself a rank (torchrun, or a child of ours) or nprocs is
     not set, so the caller goes on to `init_worker`.
+
+    hosts=N places the ranks on N simulated hosts (tools/hosts.py, Note [Simulated hosts]):
+    rank r on host r * N // nprocs, a TCP store on host 0's address, each link capped at
+    link_gbit Gbit/s if given. The hosts are torn down when the run ends, however it ends.
     """
     if is_worker() or not nprocs:
         return None
     tmp = tempfile.mkdtemp(prefix="braid-bench-")
     base = dict(os.environ, WORLD_SIZE=str(nprocs), LOCAL_WORLD_SIZE=str(nprocs))
     base.setdefault("OMP_NUM_THREADS", "1")
-    if store == "tcp":
+    sim = None
+    if hosts:
+        sim = simulated_hosts(hosts, nprocs, link_gbit)
+        # The run's own namespaces: nothing else listens there, so any port is free.
+        base.update(MASTER_ADDR=sim.addr(0), MASTER_PORT="29500")
+        base[INIT_METHOD_ENV] = "env://"
+    elif store == "tcp":
         base.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(free_port()))
         base[INIT_METHOD_ENV] = "env://"
     else:
@@ -151,13 +161,35 @@ def launch_if_requested(nprocs, store="file", grace_s=10.0):
     try:
         for r in range(nprocs):
             env = dict(base, RANK=str(r), LOCAL_RANK=str(r))
-            procs.append(subprocess.Popen(argv, env=env, preexec_fn=_die_with_parent))
+            cmd = argv
+            if sim:
+                k = r * hosts // nprocs
+                first = next(q for q in range(nprocs) if q * hosts // nprocs == k)
+                size = sum(1 for q in range(nprocs) if q * hosts // nprocs == k)
+                env.update(LOCAL_RANK=str(r - first), LOCAL_WORLD_SIZE=str(size))
+                cmd = sim.cmd(k, argv)
+            procs.append(subprocess.Popen(cmd, env=env, preexec_fn=_die_with_parent))
         return _wait_all(procs, grace_s)
     except KeyboardInterrupt:
         return 130
     finally:
         _stop(procs)
         shutil.rmtree(tmp, ignore_errors=True)
+        if sim:
+            sim.teardown()
+
+
+def simulated_hosts(n, nprocs, link_gbit=None):
+    """tools/hosts.py's Hosts(n); exits with the reason where they cannot be made."""
+    sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(
+        __file__))), "tools"))
+    import hosts as hosts_mod
+
+    why = hosts_mod.unavailable()
+    if why or n > nprocs:
+        sys.exit(f"bench: cannot place {nprocs} ranks on {n} simulated hosts: "
+                 f"{why or 'fewer ranks than hosts'}")
+    return hosts_mod.Hosts(n, link_gbit=link_gbit)
 
 
 def _wait_all(procs, grace_s):

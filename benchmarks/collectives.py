@@ -6,6 +6,7 @@
         --json results/coll.json --plot results/coll.png
     torchrun --nproc-per-node 4 benchmarks/collectives.py --backends braid,gloo --sizes 4,4K,1M
     ... --env BRAID_X=1K,64K,1M        # repeat the whole run for each value (threshold sweeps)
+    ... --nprocs 4 --hosts 2 --link-gbit 1   # ranks on 2 simulated hosts (tools/hosts.py, root)
 
 The default process group is gloo and serves only as the control group (statuses, iteration
 counts, times). Each backend under test gets its own dist.new_group(backend=...), created after
@@ -249,6 +250,8 @@ class Runner:
         Returns the finished result if the backend cannot run the op, else a Point to time."""
         key = (be.label, op, dt)
         where = f"op={op} dtype={dt} size={res['bytes']} B backend={be.label}"
+        if be.group is None:  # its group could not be made (make_group)
+            return dict(res, status="unsupported", error=self.init_failed[be.label])
         if self.impl.get(key) == "n/a":
             return dict(res, status="unsupported", error=self.errors[key])
         inp, out = bufs.get(be.device, (None, None))
@@ -321,10 +324,11 @@ class Runner:
     def run(self, env, sizes):
         self.impl, self.errors = {}, {}
         timeout = datetime.timedelta(seconds=self.args.timeout)
+        self.init_failed = {}
         for be in self.backends:
             if be.device.startswith("cuda"):
                 torch.cuda.set_device(self.info.local_rank % torch.cuda.device_count())
-            be.group = dist.new_group(backend=be.name, timeout=timeout)
+            self.make_group(be, timeout)
         self.memcpy = bc.measure_memcpy(self.args.memcpy_bytes)
         self.warm_up_groups()
         results = []
@@ -342,10 +346,32 @@ class Runner:
             print(format_accuracy(accuracy, self.n), flush=True)
         self.memcpy_after = bc.measure_memcpy(self.args.memcpy_bytes)
         for be in self.backends:
+            if be.group is not None:
+                dist.destroy_process_group(be.group)
+            be.group = None
+        return {"env": env, "init_failed": self.init_failed, "memcpy_before": self.memcpy, "memcpy_after": self.memcpy_after,
+                "results": results, "accuracy": accuracy}
+
+    def make_group(self, be, timeout):
+        """be.group, or None with the reason in self.init_failed (e.g. braid across hosts
+        before its TCP transport): the run goes on with the other backends, and the backend's
+        every point reads n/a."""
+        try:
+            be.group, st, msg = dist.new_group(backend=be.name, timeout=timeout), 0, ""
+        except Exception as e:
+            be.group, st, msg = None, 1, f"{type(e).__name__}: {str(e).strip()}"
+        st, msg = bc.agree(st, msg)
+        if st == 0:
+            return
+        if be.group is not None:  # made on some ranks only: unusable
             dist.destroy_process_group(be.group)
             be.group = None
-        return {"env": env, "memcpy_before": self.memcpy, "memcpy_after": self.memcpy_after,
-                "results": results, "accuracy": accuracy}
+        first = msg.split("; rank ")[0]
+        failed = msg.count("; rank ") + 1
+        why = f"group creation failed on {failed} of {self.n} ranks; {first}"
+        self.init_failed[be.label] = why
+        if self.r == 0:
+            print(f"# {be.label}: not measured: {why}", flush=True)
 
     def warm_up_groups(self):
         """Note [Settling], for the first point: a fresh group's first few hundred calls run
@@ -353,7 +379,7 @@ class Runner:
         the next size 7 us), so each backend makes small allreduces for about 0.3 s first."""
         x = torch.ones(1)
         for be in self.backends:
-            if be.device != "cpu":
+            if be.device != "cpu" or be.group is None:
                 continue
             t = bc.time_iters(lambda: dist.all_reduce(x, group=be.group), 20, lambda: None)
             bc.time_iters(lambda: dist.all_reduce(x, group=be.group),
@@ -370,7 +396,7 @@ class Runner:
             ref = torch.stack([x.double() for x in ins]).sum(0)
             nearest = ref.to(dtype)
             for be in self.backends:
-                if be.device != "cpu":
+                if be.device != "cpu" or be.group is None:
                     continue
                 buf = ins[self.r].clone()
                 try:
@@ -523,6 +549,12 @@ def parse_args(argv=None):
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--nprocs", type=int, default=0, help="spawn this many ranks (else torchrun)")
     p.add_argument("--store", choices=("file", "tcp"), default="file", help="store for --nprocs")
+    p.add_argument("--hosts", type=int, default=0,
+                   help="with --nprocs: place the ranks on this many simulated hosts (network "
+                        "namespaces, tools/hosts.py; needs root), rank r on host r*N//nprocs, "
+                        "a TCP store on host 0")
+    p.add_argument("--link-gbit", type=float, default=None,
+                   help="with --hosts: cap each host's link at this many Gbit/s (tc tbf)")
     p.add_argument("--backends", default="auto",
                    help="comma list, e.g. braid,gloo (a name may repeat; NAME@cuda picks the "
                         "device); auto = braid if importable, gloo, nccl if CUDA")
@@ -559,6 +591,8 @@ def parse_args(argv=None):
                    help="testing only: corrupt one output element of OP on its first call, "
                         "to show that the run then fails")
     args = p.parse_args(argv)
+    if (args.hosts or args.link_gbit) and not (args.nprocs and args.hosts):
+        p.error("--hosts needs --nprocs, and --link-gbit needs --hosts")
     args.ops = [o.strip() for o in args.ops.split(",") if o.strip()]
     args.dtypes = [d.strip() for d in args.dtypes.split(",") if d.strip()]
     for o in args.ops:
@@ -597,6 +631,10 @@ def run_meta(args, info, backends):
     if info.rank == 0:
         print(f"# collectives: n={info.world_size} torch {meta['torch']} backends "
               f"{','.join(b.label for b in backends)} threads/rank {meta['torch_threads']}")
+        if not info.single_host:
+            per_host = {h: info.hosts.count(h) for h in dict.fromkeys(info.hosts)}
+            cap = f", links capped at {args.link_gbit} Gbit/s" if args.link_gbit else ""
+            print(f"# hosts: {', '.join(f'{h} x{c}' for h, c in per_host.items())}{cap}")
         if any(b.name == "braid" for b in backends):
             meta["braid_info"] = bc.braid_info()
             print(meta["braid_info"])
@@ -654,7 +692,8 @@ def worker(args):
 
 def main(argv=None):
     args = parse_args(argv)
-    rc = bc.launch_if_requested(args.nprocs, args.store)
+    rc = bc.launch_if_requested(args.nprocs, args.store, hosts=args.hosts,
+                                link_gbit=args.link_gbit)
     if rc is not None:
         return rc
     if not bc.is_worker():

@@ -16,7 +16,7 @@ if [[ "${1:-}" == "--suite" ]]; then suite=$2; shift 2; fi
 repo=$(cd "$(dirname "$0")/.." && pwd)
 base=${BRAID_ROOT_DIR:-/var/tmp/braid-roots}
 root=$base/$suite
-pkgs=python3-torch,libtorch-dev,pybind11-dev,python3-pytest,g++,cmake,make,python3-dev,python3-setuptools,ccache,libgtest-dev,procps,python3-matplotlib,python3-venv,python3-pip,libssl-dev
+pkgs=python3-torch,libtorch-dev,pybind11-dev,python3-pytest,g++,cmake,make,python3-dev,python3-setuptools,ccache,libgtest-dev,procps,python3-matplotlib,python3-venv,python3-pip,libssl-dev,iproute2
 # torch 2.14's Python headers include <fmt/format.h>; its libtorch-dev does not pull it in.
 [[ $suite == trixie ]] || pkgs+=,libfmt-dev
 
@@ -62,6 +62,10 @@ fi
 if [[ -z "${BRAID_ROOT_NS:-}" ]]; then
   exec env BRAID_ROOT_NS=1 unshare --mount --propagation private "$0" --suite "$suite" -- "$@"
 fi
+# The root becomes a mount point of its own, so that "/" inside is one: `ip netns` and
+# `unshare --propagation` (tools/hosts.py) change the propagation of "/", which fails on a
+# directory that is not a mount.
+mount --bind "$root" "$root"
 bind() {  # bind SRC DST
   mkdir -p "$2"
   mount --bind "$1" "$2"

@@ -1,0 +1,289 @@
+"""Simulated hosts (tools/hosts.py, Note [Simulated hosts]) and jobs that span them.
+
+    /usr/bin/python3 -m pytest -q -p no:cacheprovider tests/python/test_hosts.py
+
+The helper itself: hostnames, /dev/shm per host, reachability, the tbf cap, teardown. Then
+jobs across hosts: gloo (2 hosts x 2 ranks, 3 hosts x 1 rank) through a TCPStore on host 0,
+braid in the same processes (refused across hosts until its TCP transport: BRAID_ACROSS_HOSTS
+says what to expect), and torchrun --nnodes=2 with the c10d rendezvous. Needs root; skipped
+with the reason where namespaces cannot be made.
+"""
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+
+import pytest
+
+import harness as H
+
+sys.path.insert(0, os.path.join(H.REPO, "tools"))
+import hosts as hosts_mod  # noqa: E402
+
+pytestmark = pytest.mark.skipif(bool(hosts_mod.unavailable()),
+                                reason=str(hosts_mod.unavailable()))
+
+RANK_SCRIPT = os.path.join(H.REPO, "tests", "python", "scripts", "hosts_rank.py")
+TORCHRUN_SCRIPT = os.path.join(H.REPO, "tests", "python", "scripts", "torchrun_allreduce.py")
+JOB_TIMEOUT_S = 120
+PORT = 29500  # free: nothing else listens in a run's own namespaces
+# What braid does in a group that spans hosts: "refused" (init fails with "group spans hosts"
+# on every rank) until its TCP transport is integrated; then "works" (the same collectives
+# as gloo, checked the same way).
+BRAID_ACROSS_HOSTS = "refused"
+
+
+@pytest.fixture
+def hosts2():
+    h = hosts_mod.Hosts(2)
+    yield h
+    h.teardown()
+    assert hosts_mod.leftovers(h.prefix) == []
+
+
+def on(hosts, k, script, **kw):
+    """Runs a Python snippet on host k; its stdout."""
+    p = subprocess.run(hosts.cmd(k, [sys.executable, "-c", script]), capture_output=True,
+                       text=True, timeout=60, **kw)
+    assert p.returncode == 0, p.stderr
+    return p.stdout.strip()
+
+
+# ---- the helper -----------------------------------------------------------------------------
+def test_hostnames_and_shm_are_per_host(hosts2):
+    put = "import socket; open('/dev/shm/braid-probe', 'w').write(socket.gethostname())"
+    look = ("import os, socket; print(socket.gethostname(), "
+            "sorted(n for n in os.listdir('/dev/shm') if n.startswith('braid-probe')))")
+    on(hosts2, 0, put)
+    assert on(hosts2, 0, look) == "braid-h0 ['braid-probe']"  # another process, same host
+    assert on(hosts2, 1, look) == "braid-h1 []"
+    assert "braid-probe" not in os.listdir("/dev/shm")  # nor the machine's own
+    assert os.listdir(hosts2.shm(0)) == ["braid-probe"] and os.listdir(hosts2.shm(1)) == []
+    # No host can reach another's tmpfs through the run's state directory either.
+    assert on(hosts2, 1, f"import os; print(os.listdir({hosts2.state!r}))") == "[]"
+
+
+def test_hosts_reach_each_other_and_nothing_else(hosts2):
+    import socket
+
+    listener = subprocess.Popen(hosts2.cmd(0, [sys.executable, "-c", (
+        "import socket; s = socket.create_server(('0.0.0.0', 7000)); print('up', flush=True);"
+        "c, a = s.accept(); print(a[0], c.recv(5).decode(), flush=True)")]),
+        stdout=subprocess.PIPE, text=True)
+    try:
+        assert listener.stdout.readline().strip() == "up"
+        outside = subprocess.run(["ip", "-o", "-4", "addr"], capture_output=True,
+                                 text=True).stdout
+        ours = [w.split("/")[0] for w in outside.split() if "/" in w and w[0].isdigit()]
+        root = socket.create_server(("127.0.0.1", 0))  # the machine's loopback, not the host's
+        targets = [(a, 7000) for a in ours if not a.startswith("127.")]
+        targets.append(("127.0.0.1", root.getsockname()[1]))
+        out = on(hosts2, 1, (
+            "import socket, subprocess\n"
+            f"socket.create_connection(({hosts2.addr(0)!r}, 7000), 5).sendall(b'hello')\n"
+            f"for t in {targets!r}:\n"
+            "    try:\n"
+            "        socket.create_connection(tuple(t), 2); print('reached', t)\n"
+            "    except OSError as e:\n"
+            "        print('no', e.errno)\n"
+            "print(subprocess.run(['ip', 'route'], capture_output=True, text=True).stdout)"))
+        root.close()
+        assert listener.wait(30) == 0
+        assert listener.stdout.read().strip() == f"{hosts2.addr(1)} hello"
+        hosts2.set_link(0, up=False)  # host 0 vanishes from the network
+        gone = on(hosts2, 1, "import socket\ntry:\n    socket.create_connection("
+                             f"({hosts2.addr(0)!r}, 7000), 1)\nexcept OSError as e:\n"
+                             "    print(type(e).__name__)")
+        assert gone in ("timeout", "TimeoutError", "OSError"), gone
+    finally:
+        listener.kill()
+        listener.wait()
+    assert "reached" not in out, out
+    assert out.count("no ") == len(targets)
+    assert "default" not in out and f"{hosts_mod.SUBNET}.0/24 dev eth0" in out
+
+
+def test_link_cap_is_installed_and_holds():
+    """The tbf qdisc is on both ends of each link, and a 4 MB transfer over a 0.1 Gbit/s
+    link takes at least about the time the cap allows (a generous bound: 2x the cap; the link
+    moves 11 to 14 Gbit/s uncapped). Only an upper bound on the rate: a busy machine is
+    slower, never faster."""
+    cap, nbytes = 0.1, 4 << 20
+    h = hosts_mod.Hosts(2, link_gbit=cap)
+    try:
+        for ns, dev in ((h.ns(0), "eth0"), (h.bridge_ns, "port0"), (h.bridge_ns, "port1")):
+            q = subprocess.run(["tc", "-n", ns, "qdisc", "show", "dev", dev],
+                               capture_output=True, text=True).stdout
+            assert "tbf" in q and "rate 100Mbit" in q, (ns, dev, q)
+        recv = subprocess.Popen(h.cmd(0, [sys.executable, "-c", (
+            "import socket, time; s = socket.create_server(('0.0.0.0', 7001));"
+            "print('up', flush=True); c, _ = s.accept(); n = len(c.recv(65536)); "
+            "t0 = time.monotonic()\n"
+            "while True:\n"
+            "    b = c.recv(1 << 20)\n"
+            "    if not b: break\n"
+            "    n += len(b)\n"
+            "print(n, time.monotonic() - t0)")]), stdout=subprocess.PIPE, text=True)
+        assert recv.stdout.readline().strip() == "up"
+        on(h, 1, f"import socket; c = socket.create_connection(({h.addr(0)!r}, 7001), 5); "
+                 f"c.sendall(bytes({nbytes})); c.close()")
+        n, seconds = recv.communicate(timeout=60)[0].split()
+        assert int(n) == nbytes
+        gbit = nbytes * 8 / float(seconds) / 1e9
+        assert gbit < 2 * cap, f"{gbit:.3f} Gbit/s through a {cap} Gbit/s cap"
+    finally:
+        h.teardown()
+    assert hosts_mod.leftovers(h.prefix) == []
+
+
+def test_teardown_kills_and_removes_everything_and_is_idempotent():
+    a, b = hosts_mod.Hosts(2), hosts_mod.Hosts(1)  # two runs at once: names do not collide
+    assert a.prefix != b.prefix and a.addr(0) == b.addr(0)
+    sleeper = subprocess.Popen(a.cmd(1, ["sleep", "300"]))
+    deadline = time.monotonic() + 10
+    while sleeper.pid not in a.pids(1) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert sleeper.pid in a.pids(1) and sleeper.pid not in a.pids(0) and sleeper.poll() is None
+    a.teardown()
+    a.teardown()
+    assert sleeper.wait(10) == -signal.SIGKILL
+    assert hosts_mod.leftovers(a.prefix) == []
+    assert on(b, 0, "import socket; print(socket.gethostname())") == "braid-h0"  # unharmed
+    b.teardown()
+    assert hosts_mod.leftovers(b.prefix) == []
+    p = subprocess.run([os.path.join(H.REPO, "tools", "hosts.sh"), "teardown", a.prefix],
+                       capture_output=True, text=True, env=dict(os.environ,
+                                                                BRAID_PYTHON=sys.executable))
+    assert p.returncode == 0, p.stderr
+
+
+# ---- jobs across hosts ----------------------------------------------------------------------
+def run_ranks(hosts, world, backends):
+    """Rank r on host r * N // world (as benchmarks/collectives.py --hosts); their JSON lines."""
+    env = dict(os.environ, OMP_NUM_THREADS="1",
+               PYTHONPATH=H.PYTHON_DIR + os.pathsep + os.environ.get("PYTHONPATH", ""))
+    procs = [subprocess.Popen(hosts.cmd(r * hosts.n // world, [
+        sys.executable, RANK_SCRIPT, str(r), str(world), hosts.addr(0), str(PORT),
+        ",".join(backends)]), env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+        text=True) for r in range(world)]
+    deadline = time.monotonic() + JOB_TIMEOUT_S
+    outs = []
+    try:
+        for p in procs:
+            out, err = p.communicate(timeout=max(1, deadline - time.monotonic()))
+            assert p.returncode == 0, f"rank exited with {p.returncode}:\n{err[-4000:]}"
+            outs.append(json.loads(out.strip().splitlines()[-1]))
+    except subprocess.TimeoutExpired:
+        pytest.fail(f"ranks did not finish within {JOB_TIMEOUT_S} s")
+    finally:
+        hosts.teardown()  # kills any rank still running
+    return outs
+
+
+@pytest.mark.parametrize("nhosts,per_host", [(2, 2), (3, 1)], ids=["2x2", "3x1"])
+def test_gloo_and_braid_across_hosts(nhosts, per_host):
+    world = nhosts * per_host
+    backends = ["gloo", "braid"] if H.BACKEND == "braid" else ["gloo"]
+    h = hosts_mod.Hosts(nhosts)
+    outs = run_ranks(h, world, backends)
+    assert hosts_mod.leftovers(h.prefix) == []
+    assert [o["host"] for o in outs] == [f"braid-h{r * nhosts // world}" for r in range(world)]
+    for o in outs:
+        assert o["results"]["gloo"] == "ok", o
+        if "braid" not in backends:
+            continue
+        if BRAID_ACROSS_HOSTS == "works":
+            assert o["results"]["braid"] == "ok", o
+        else:
+            msg = o["results"]["braid"]
+            assert "group spans hosts" in msg, o
+            assert all(f"braid-h{k}" in msg for k in range(nhosts)), msg
+
+
+@pytest.mark.skipif(bool(H.torchrun_unusable()), reason=str(H.torchrun_unusable()))
+def test_torchrun_two_nodes_with_c10d_rendezvous(tmp_path):
+    import torch
+
+    h = hosts_mod.Hosts(2)
+    cmd = [sys.executable, os.path.join(H.REPO, "tools", "torchrun.py")]
+    if torch.__version__.startswith("1.") and sys.version_info >= (3, 11):
+        cmd += ["--redirects", "1", "--tee", "1"]  # see tools/torchrun
+    cmd += ["--nnodes=2", "--nproc_per_node=2", "--rdzv_backend=c10d",
+            f"--rdzv_endpoint={h.hostname(0)}:29400", "--rdzv_id=hosts-test",
+            "--monitor_interval=0.5", TORCHRUN_SCRIPT]
+    env = dict(os.environ, BRAID_TEST_BACKEND="gloo", BRAID_TORCHRUN_OUT=str(tmp_path),
+               OMP_NUM_THREADS="1",
+               PYTHONPATH=H.PYTHON_DIR + os.pathsep + os.environ.get("PYTHONPATH", ""))
+    agents = [subprocess.Popen(h.cmd(k, cmd), env=env, cwd=H.REPO, stdout=subprocess.PIPE,
+                               stderr=subprocess.STDOUT, text=True) for k in range(2)]
+    outs = []
+    try:
+        deadline = time.monotonic() + JOB_TIMEOUT_S
+        for a in agents:
+            outs.append(a.communicate(timeout=max(1, deadline - time.monotonic()))[0])
+    except subprocess.TimeoutExpired:
+        pytest.fail(f"torchrun did not finish within {JOB_TIMEOUT_S} s")
+    finally:
+        h.teardown()
+    for a, out in zip(agents, outs):
+        assert a.returncode == 0, out[-6000:]
+    got = {f: (tmp_path / f).read_text() for f in sorted(os.listdir(tmp_path))}
+    assert got == {f"rank{r}": f"ok {r} of 4" for r in range(4)}, (got, outs[0][-3000:])
+    assert hosts_mod.leftovers(h.prefix) == []
+
+
+# ---- benchmarks/collectives.py --hosts ------------------------------------------------------
+def test_benchmark_places_ranks_on_hosts_and_reports_each_backend(tmp_path):
+    """A tiny --hosts 2 sweep: gloo is timed; braid's refusal is reported, not fatal."""
+    backends = ["braid", "gloo"] if H.BACKEND == "braid" else ["gloo"]
+    js = tmp_path / "hosts.json"
+    cmd = [sys.executable, os.path.join(H.REPO, "benchmarks", "collectives.py"), "--nprocs", "2",
+           "--hosts", "2", "--link-gbit", "5", "--backends", ",".join(backends), "--ops",
+           "allreduce", "--sizes", "4,64K", "--warmup", "1", "--min-iters", "2", "--rounds", "2",
+           "--time-per-point", "0.01", "--settle-ms", "1", "--memcpy-bytes", "1M",
+           "--no-progress", "--no-accuracy", "--timeout", "60", "--json", str(js)]
+    p = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                         start_new_session=True)
+    try:
+        p.stdout, p.stderr = p.communicate(timeout=JOB_TIMEOUT_S)
+    except subprocess.TimeoutExpired:
+        os.killpg(p.pid, signal.SIGKILL)
+        pytest.fail(f"the benchmark did not finish within {JOB_TIMEOUT_S} s")
+    finally:
+        # The launcher tears its hosts (prefix bh<its pid>) down itself: nothing may be left.
+        left = hosts_mod._our_namespaces(f"bh{p.pid}") + [
+            d for d in (os.listdir(hosts_mod.STATE_ROOT) if os.path.isdir(hosts_mod.STATE_ROOT)
+                        else []) if d.startswith(f"bh{p.pid}-")]
+        hosts_mod.teardown_stale()
+    assert not left, left
+    assert p.returncode == 0, f"{p.stdout[-3000:]}\n{p.stderr[-3000:]}"
+    assert "# hosts: braid-h0 x1, braid-h1 x1, links capped at 5.0 Gbit/s" in p.stdout
+    report = json.loads(js.read_text())
+    assert report["meta"]["hosts"] == ["braid-h0", "braid-h1"]
+    res = {(r["backend"], r["bytes"]): r for r in report["runs"][0]["results"]}
+    for size in (4, 65536):
+        assert res[("gloo", size)]["status"] == "ok" and res[("gloo", size)]["time_us"] > 0
+        if "braid" in backends:
+            want = "ok" if BRAID_ACROSS_HOSTS == "works" else "unsupported"
+            assert res[("braid", size)]["status"] == want, res[("braid", size)]
+    if "braid" in backends and BRAID_ACROSS_HOSTS == "refused":
+        assert "group spans hosts" in report["runs"][0]["init_failed"]["braid"]
+        assert "# braid: not measured: group creation failed on 2 of 2 ranks" in p.stdout
+
+
+def test_a_terminated_owner_tears_down_and_a_killed_ones_leftovers_are_found():
+    code = (f"import sys, time; sys.path.insert(0, {os.path.join(H.REPO, 'tools')!r}); "
+            "import hosts; h = hosts.Hosts(2); print(h.prefix, flush=True); time.sleep(60)")
+    for sig in (signal.SIGTERM, signal.SIGINT, signal.SIGKILL):
+        owner = subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE, text=True)
+        prefix = owner.stdout.readline().strip()
+        assert hosts_mod.leftovers(prefix), "the hosts exist while their owner runs"
+        owner.send_signal(sig)
+        owner.wait(30)
+        if sig == signal.SIGKILL:  # no chance to clean up: the next run's sweep does
+            assert hosts_mod.leftovers(prefix)
+            assert prefix in hosts_mod.teardown_stale()
+        assert hosts_mod.leftovers(prefix) == [], sig
