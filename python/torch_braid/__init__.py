@@ -11,6 +11,7 @@ import torch
 import torch.distributed as dist
 
 from . import _C
+from . import _destroy
 from . import _monitored_barrier
 
 __version__ = _C.__version__
@@ -58,6 +59,7 @@ def settings():
 
 _register()
 _monitored_barrier.install()  # dist.monitored_barrier accepts braid groups
+_destroy.install()  # dist.destroy_process_group ends braid's threads on every torch
 
 def __getattr__(name):
     # torch_braid.fr loads on first use, so that `python -m torch_braid.fr`

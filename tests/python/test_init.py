@@ -144,6 +144,37 @@ def test_destroy_leaves_no_threads():
         assert not segments, f"rank {r}: shm entries after destroy: {segments}"
 
 
+def _threads_after_destroying_held_groups(ctx):
+    """destroy_process_group while the script still holds both groups (as DDP's reducer may)."""
+    _init_with(ctx, "store", "held")
+    held = [ctx.dist.new_group(list(range(ctx.size)), backend=ctx.backend, timeout=ctx.timeout),
+            ctx.dist.group.WORLD]
+    ok = _collectives_ok(ctx) and _collectives_ok(ctx, held[0])
+    during = H.braid_threads()
+    ctx.dist.destroy_process_group()
+    deadline = time.monotonic() + 5.0
+    while H.braid_threads() and time.monotonic() < deadline:
+        time.sleep(0.05)
+    after = H.braid_threads()
+    del held
+    return ok, during, after
+
+
+def test_destroy_ends_the_threads_of_groups_still_held():
+    """torch 1.13 and 2.6 only drop their references on destroy (2.8+ call shutdown()):
+    torch_braid's destroy_process_group shuts braid's groups down on every torch."""
+    world = H.World(2, init=False, name="held")
+    try:
+        results = world.run(_threads_after_destroying_held_groups)
+    finally:
+        _closed_cleanly(world)
+    for r, (ok, during, after) in enumerate(results):
+        assert ok, f"rank {r}: wrong collective results"
+        if H.BACKEND == "braid":
+            assert during.count("braid-worker") >= 2, f"rank {r}: braid threads {during}"
+        assert not after, f"rank {r}: threads left after destroy: {after}"
+
+
 def _destroy_with_work_in_flight(ctx, rounds):
     """Async collectives on temporaries whose Works are dropped, then destroy at once.
 
