@@ -30,6 +30,7 @@ import pickle
 import re
 import shutil
 import signal
+import socket
 import subprocess
 import sys
 import tempfile
@@ -81,6 +82,42 @@ def torchrun_unusable():
         if "libuv" in str(e):
             return "this torch has no libuv TCPStore, which torchrun's workers require"
     return None
+
+
+def free_port():
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def torchrun_command():
+    """argv that starts torchrun through tools/torchrun.py (which fixes what it can of
+    torchrun on Debian's torches: read it)."""
+    import torch
+
+    args = [sys.executable, os.path.join(REPO, "tools", "torchrun.py")]
+    # torch 1.13's torchrun under Python 3.11 crashes parsing its default
+    # `--redirects 0` (see tools/torchrun); redirect-and-tee avoids that path.
+    if torch.__version__.startswith("1.") and sys.version_info >= (3, 11):
+        args += ["--redirects", "1", "--tee", "1"]
+    return args
+
+
+def run_session(cmd, timeout, what, **popen_kwargs):
+    """Runs cmd in a session of its own and returns (exit code, stdout and stderr). When it
+    outlives `timeout` seconds, the whole session (a launcher and its workers, ours alone) is
+    killed and the test fails with the end of its output."""
+    import pytest
+
+    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                            start_new_session=True, **popen_kwargs)
+    try:
+        out, _ = proc.communicate(timeout=timeout)
+    except subprocess.TimeoutExpired:
+        os.killpg(proc.pid, signal.SIGKILL)
+        out, _ = proc.communicate()
+        pytest.fail(f"{what} did not finish within {timeout:.0f} s:\n{out[-6000:]}")
+    return proc.returncode, out
 
 
 def torch_major():

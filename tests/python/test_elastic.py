@@ -13,10 +13,6 @@ DDP's bucketing ever differ between attempts).
 
 import json
 import os
-import signal
-import socket
-import subprocess
-import sys
 
 import pytest
 
@@ -27,37 +23,20 @@ TIMEOUT_S = 180
 STEPS, CKPT_EVERY, KILL_STEP = 30, 5, 17
 
 
-def _free_port():
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 def _train(tmp_path, name, kill_step):
     """Runs the script under torchrun; returns (result.json, torchrun's output, run dir)."""
-    import torch
-
     run_dir = tmp_path / name
     run_dir.mkdir()
-    cmd = [sys.executable, os.path.join(H.REPO, "tools", "torchrun.py")]
-    if torch.__version__.startswith("1.") and sys.version_info >= (3, 11):
-        cmd += ["--redirects", "1", "--tee", "1"]  # see tools/torchrun
+    cmd = H.torchrun_command()
     # torch 1.13 spells the options with underscores only; 2.x accepts both.
     cmd += ["--standalone", "--nproc_per_node=2", "--max_restarts=2", "--monitor_interval=0.5",
-            "--log_dir", str(tmp_path / f"logs-{name}"), f"--master_port={_free_port()}",
+            "--log_dir", str(tmp_path / f"logs-{name}"), f"--master_port={H.free_port()}",
             SCRIPT, "--dir", str(run_dir), "--steps", str(STEPS),
             "--ckpt-every", str(CKPT_EVERY), "--kill-step", str(kill_step)]
     env = dict(os.environ, BRAID_TEST_BACKEND=H.BACKEND,
                PYTHONPATH=H.PYTHON_DIR + os.pathsep + os.environ.get("PYTHONPATH", ""))
-    proc = subprocess.Popen(cmd, env=env, cwd=H.REPO, stdout=subprocess.PIPE,
-                            stderr=subprocess.STDOUT, text=True, start_new_session=True)
-    try:
-        out, _ = proc.communicate(timeout=TIMEOUT_S)
-    except subprocess.TimeoutExpired:
-        os.killpg(proc.pid, signal.SIGKILL)  # torchrun and its workers: our session only
-        out, _ = proc.communicate()
-        pytest.fail(f"{name}: torchrun did not finish within {TIMEOUT_S} s:\n{out[-6000:]}")
-    assert proc.returncode == 0, f"{name}: torchrun exited with {proc.returncode}:\n{out[-6000:]}"
+    rc, out = H.run_session(cmd, TIMEOUT_S, f"{name}: torchrun", env=env, cwd=H.REPO)
+    assert rc == 0, f"{name}: torchrun exited with {rc}:\n{out[-6000:]}"
     with open(run_dir / "result.json") as f:
         return json.load(f), out, run_dir
 
