@@ -31,10 +31,8 @@ void setBlockingCallWrapper(BlockingCallWrapper w) { blockingWrapper.store(w); }
 
 Engine::Engine(std::unique_ptr<transport::Window> window, std::chrono::milliseconds timeout)
     : comm_(std::make_unique<collectives::Communicator>(std::move(window))), timeout_(timeout) {
-  worker_ = std::thread([this] {
-    nameThisThread("braid-worker");
-    loop();
-  });
+  worker_ = std::thread([this] { loop(); });
+  named(worker_, "braid-worker");
 }
 
 Engine::~Engine() { shutdown(); }

@@ -57,10 +57,8 @@ struct P2PEngine::Incoming {
 
 P2PEngine::P2PEngine(transport::Window& window)
     : w_(window), rank_(window.rank()), sends_(window.size()), incoming_(window.size()) {
-  thread_ = std::thread([this] {
-    nameThisThread("braid-p2p");
-    loop();
-  });
+  thread_ = std::thread([this] { loop(); });
+  named(thread_, "braid-p2p");
 }
 
 P2PEngine::~P2PEngine() { shutdown(); }

@@ -5,9 +5,19 @@
 
 #include <pthread.h>
 
+#include <thread>
+
 namespace braid {
 
 // Linux keeps at most 15 characters of a thread's name.
-inline void nameThisThread(const char* name) { pthread_setname_np(pthread_self(), name); }
+//
+// Named by the thread that starts it, right after starting it: a thread that
+// named itself would carry its creator's name ("python3") until it first
+// ran, which on a loaded machine can be after its group has finished several
+// ops (a leak check then counted one worker too few on torch 2.6 in CI).
+inline std::thread& named(std::thread& t, const char* name) {
+  pthread_setname_np(t.native_handle(), name);
+  return t;
+}
 
 }  // namespace braid

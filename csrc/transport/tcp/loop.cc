@@ -10,7 +10,6 @@
 
 #include "common/error.h"
 #include "common/logging.h"
-#include "common/thread_name.h"
 #include "transport/tcp/transport.h"
 
 namespace braid {
@@ -36,7 +35,6 @@ std::string what(std::exception_ptr e) {
 }  // namespace
 
 void TcpTransport::loop() {
-  nameThisThread("braid-tcp");
   try {
     progress();
   } catch (const std::exception& e) {

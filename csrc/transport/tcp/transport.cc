@@ -9,6 +9,7 @@
 
 #include "common/error.h"
 #include "common/logging.h"
+#include "common/thread_name.h"
 
 namespace braid {
 namespace transport {
@@ -88,6 +89,7 @@ void TcpTransport::start(Store& store) {
                                  << " sockets per peer, "
                                  << (opt_.connect == ConnectMode::kEager ? "eager" : "lazy");
   thread_ = std::thread([this] { loop(); });
+  named(thread_, "braid-tcp");
   if (opt_.connect == ConnectMode::kEager) waitConnected(deadline);
 }
 
