@@ -58,7 +58,6 @@ class GroupRecorder {
   bool dumpOnTimeout_ = false;
   bool stacks_ = false;
   std::atomic<bool> dumped_{false};
-  std::atomic<bool> named_{false};
 };
 
 // BRAID_FR_DUMP_ON_EXIT: torch_braid dumps at exit.

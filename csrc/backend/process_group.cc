@@ -54,7 +54,8 @@ ProcessGroupBraid::ProcessGroupBraid(const c10::intrusive_ptr<c10d::Store>& stor
   // A reused store (file://) may hold keys of an earlier group: number the
   // incarnations and keep each one's keys apart.
   int64_t ticket = store->add("braid/incarnation", 1);
-  StoreAdapter adapted(store, "braid/" + std::to_string((ticket - 1) / size) + "/");
+  const std::string prefix = "braid/" + std::to_string((ticket - 1) / size) + "/";
+  StoreAdapter adapted(store, prefix);
   auto topology =
       transport::exchangeTopology(adapted, rank, size, transport::hostIdentity(), timeout);
   requireOneHost(topology, rank);
@@ -62,8 +63,7 @@ ProcessGroupBraid::ProcessGroupBraid(const c10::intrusive_ptr<c10d::Store>& stor
   opts.timeout = timeout;
   engine_ = std::make_unique<Engine>(transport::shm::ShmWindow::create(adapted, rank, size, opts),
                                      timeout);
-  fr_ = std::make_unique<GroupRecorder>(store, "braid/" + std::to_string((ticket - 1) / size) + "/",
-                                        rank, size);
+  fr_ = std::make_unique<GroupRecorder>(store, prefix, rank, size);
   BRAID_LOG(kInfo, "backend", rank) << "group '" << groupName << "' of " << size
                                     << " ranks ready (shared memory)";
 }

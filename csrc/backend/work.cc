@@ -56,6 +56,16 @@ bool WorkBraid::wait(std::chrono::milliseconds timeout) {
   return c10d::Work::wait(timeout);
 }
 
+namespace {
+// Milliseconds from `ticks` (a steady_clock time_since_epoch().count(), as
+// Engine::Queue::finishingSince and P2PEngine::inCallbackSince hold) to now.
+int64_t msSince(int64_t ticks) {
+  return std::chrono::duration_cast<std::chrono::milliseconds>(
+             transport::Clock::now().time_since_epoch() - transport::Clock::duration(ticks))
+      .count();
+}
+}  // namespace
+
 void WorkBraid::failIfNotStarted() {
   {
     std::unique_lock<std::mutex> lock(mutex_);
@@ -69,9 +79,7 @@ void WorkBraid::failIfNotStarted() {
     const int64_t since = queue_->finishingSince.load(std::memory_order_relaxed);
     std::string busy = "the op before it on this rank has not returned";
     if (since != 0) {
-      auto ms = std::chrono::duration_cast<std::chrono::milliseconds>(
-          transport::Clock::now().time_since_epoch() - transport::Clock::duration(since));
-      busy += strCat(" (the callbacks of its future have run for ", ms.count(),
+      busy += strCat(" (the callbacks of its future have run for ", msSince(since),
                      " ms: a callback that blocks holds the group's worker)");
     }
     why = errorText(op_, rank_, "Timed out after ", timeout_.count(),
@@ -92,18 +100,13 @@ void WorkBraid::failIfStalled() {
     if (cv_.wait_until(lock, deadline_, [this] { return completed_; })) return;
     for (;;) {
       since = p2pStall_->load(std::memory_order_relaxed);
-      if (since != 0 && transport::Clock::now().time_since_epoch() -
-                                transport::Clock::duration(since) >= kStalled) {
-        break;
-      }
+      if (since != 0 && msSince(since) >= kStalled.count()) break;
       if (cv_.wait_for(lock, kStalled, [this] { return completed_; })) return;
     }
   }
-  auto ms = std::chrono::duration_cast<std::chrono::milliseconds>(
-      transport::Clock::now().time_since_epoch() - transport::Clock::duration(since));
   markDone(std::make_exception_ptr(TimeoutError(errorText(
       op_, rank_, "Timed out after ", timeout_.count(),
-      " ms: the point-to-point progress thread has run a completion callback for ", ms.count(),
+      " ms: the point-to-point progress thread has run a completion callback for ", msSince(since),
       " ms (a callback that blocks holds every send and receive of the group)"))));
 }
 

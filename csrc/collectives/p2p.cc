@@ -116,6 +116,10 @@ void runDone(const P2PEngine::CallbackClock& since, P2PEngine::Done& done, std::
 }
 }  // namespace
 
+void P2PEngine::forget(Recv* r) {
+  recvs_.remove_if([r](const std::unique_ptr<Recv>& p) { return p.get() == r; });
+}
+
 void P2PEngine::complete(Send& s, std::exception_ptr e) {
   auto done = std::move(s.done);
   runDone(inCallback_, done, e, rank_);
@@ -250,12 +254,12 @@ bool P2PEngine::progressIncoming(int src) {
     if (done->recv && done->target != done->buf.data()) {
       Recv* r = done->recv;
       complete(*r, done->error, src);
-      recvs_.remove_if([r](const std::unique_ptr<Recv>& p) { return p.get() == r; });
+      forget(r);
     } else if (done->recv) {
       Recv* r = done->recv;
       if (!done->error && r->bytes) std::memcpy(r->data, done->buf.data(), r->bytes);
       complete(*r, done->error, src);
-      recvs_.remove_if([r](const std::unique_ptr<Recv>& p) { return p.get() == r; });
+      forget(r);
     } else if (!done->discard) {
       unexpected_.push_back(std::move(done));
     }
@@ -313,7 +317,7 @@ void P2PEngine::failExpired() {
                  "recv", rank_, why, " in the middle of a message with tag ", cut->frame.tag,
                  " (", cut->got, " of ", cut->frame.bytes, " bytes received)"))),
              src);
-    recvs_.remove_if([r](const std::unique_ptr<Recv>& p) { return p.get() == r; });
+    forget(r);
   }
   // A receive attached to a message that stopped arriving from a sender that
   // is alive: its progress thread is stuck (Note [A stalled progress thread]).
@@ -332,7 +336,7 @@ void P2PEngine::failExpired() {
                  src, " to go on with a message with tag ", cur->frame.tag, " (", cur->got,
                  " of ", cur->frame.bytes, " bytes received)"))),
              src);
-    recvs_.remove_if([r](const std::unique_ptr<Recv>& p) { return p.get() == r; });
+    forget(r);
   }
   for (auto it = recvs_.begin(); it != recvs_.end();) {
     Recv& r = **it;

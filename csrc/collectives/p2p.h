@@ -75,6 +75,8 @@ class P2PEngine {
   bool progressIncoming(int src);
   bool matchUnexpected(Recv& r);
   void failExpired();
+  // Removes receive `r` from the posted list (it is done).
+  void forget(Recv* r);
   void complete(Send& s, std::exception_ptr e);
   void complete(Recv& r, std::exception_ptr e, int source);
 
