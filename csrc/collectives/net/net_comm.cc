@@ -46,9 +46,9 @@ bool reduces(OpKind k) {
   return k == OpKind::kAllreduce || k == OpKind::kReduce || k == OpKind::kReduceScatter;
 }
 
-bool usesRingMin(OpKind k) {
-  return k == OpKind::kAllreduce || k == OpKind::kReduce || k == OpKind::kReduceScatter;
-}
+// Every reducing op chooses between the ring and the direct exchange by
+// BRAID_NET_ALLREDUCE_RING_MIN.
+bool usesRingMin(OpKind k) { return reduces(k); }
 
 }  // namespace
 
