@@ -5,6 +5,7 @@
 
 #include <chrono>
 #include <cstdint>
+#include <functional>
 #include <string>
 #include <vector>
 
@@ -19,6 +20,18 @@ class Store {
   virtual std::vector<uint8_t> get(const std::string& key, std::chrono::milliseconds timeout) = 0;
   virtual int64_t add(const std::string& key, int64_t delta) = 0;
 };
+
+// Every rank of a group publishes `mine` under key(rank) and reads every
+// rank's value by `deadline`: an allgather of small strings through the store
+// (host identities, listening addresses). Returns the values by rank, with
+// `missing` empty; when the deadline passes first, `missing` lists the ranks
+// that published nothing, as "2,3" (for the caller's own error), and the
+// values are not returned.
+std::vector<std::string> exchangeThroughStore(Store& store,
+                                              const std::function<std::string(int)>& key,
+                                              int rank, int size, const std::string& mine,
+                                              std::chrono::steady_clock::time_point deadline,
+                                              std::string* missing);
 
 }  // namespace transport
 }  // namespace braid

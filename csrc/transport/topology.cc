@@ -1,6 +1,5 @@
 #include "transport/topology.h"
 
-#include <algorithm>
 #include <map>
 #include <sstream>
 
@@ -47,38 +46,16 @@ std::string Topology::describe() const {
   return os.str();
 }
 
-namespace {
-// The ranks from `first` on that have not published their identity.
-std::string missingRanks(Store& store, int first, int size) {
-  std::ostringstream os;
-  for (int r = first; r < size; ++r) {
-    try {
-      store.get("host/" + std::to_string(r), std::chrono::milliseconds(1));
-    } catch (const TimeoutError&) {
-      os << (os.tellp() ? "," : "") << r;
-    }
-  }
-  return os.str();
-}
-}  // namespace
-
 Topology exchangeTopology(Store& store, int rank, int size, const std::string& identity,
                           std::chrono::milliseconds timeout) {
-  store.set("host/" + std::to_string(rank), {identity.begin(), identity.end()});
-  std::vector<std::string> ids(size);
-  const auto deadline = std::chrono::steady_clock::now() + timeout;
-  for (int r = 0; r < size; ++r) {
-    auto left = std::chrono::duration_cast<std::chrono::milliseconds>(
-        deadline - std::chrono::steady_clock::now());
-    std::vector<uint8_t> v;
-    try {
-      v = store.get("host/" + std::to_string(r), std::max(left, std::chrono::milliseconds(1)));
-    } catch (const TimeoutError&) {
-      BRAID_THROW(TimeoutError, "init", rank, "Timed out after ", timeout.count(),
-                  " ms waiting for the host identities of ranks ", missingRanks(store, r, size),
-                  " (they never joined the group)");
-    }
-    ids[r].assign(v.begin(), v.end());
+  std::string missing;
+  std::vector<std::string> ids = exchangeThroughStore(
+      store, [](int r) { return "host/" + std::to_string(r); }, rank, size, identity,
+      std::chrono::steady_clock::now() + timeout, &missing);
+  if (!missing.empty()) {
+    BRAID_THROW(TimeoutError, "init", rank, "Timed out after ", timeout.count(),
+                " ms waiting for the host identities of ranks ", missing,
+                " (they never joined the group)");
   }
   return Topology(rank, ids);
 }

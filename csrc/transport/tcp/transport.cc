@@ -72,18 +72,14 @@ void TcpTransport::start(Store& store) {
                   "epoll_ctl: ", std::strerror(errno));
   }
   const std::string me = bound.str();
-  store.set(addrKey(opt_.groupId, rank_), std::vector<uint8_t>(me.begin(), me.end()));
-  addrs_.resize(size_);
-  for (int p = 0; p < size_; ++p) {
-    auto left = std::chrono::duration_cast<std::chrono::milliseconds>(deadline - Clock::now());
-    std::vector<uint8_t> v;
-    try {
-      v = store.get(addrKey(opt_.groupId, p), std::max(left, std::chrono::milliseconds(1)));
-    } catch (const TimeoutError& e) {
-      BRAID_THROW(TimeoutError, "tcp connect", rank_, "rank ", p, " published no address within ",
-                  opt_.timeout.count(), " ms (", e.what(), ")");
-    }
-    addrs_[p].assign(v.begin(), v.end());
+  std::string missing;
+  addrs_ = exchangeThroughStore(
+      store, [this](int r) { return addrKey(opt_.groupId, r); }, rank_, size_, me, deadline,
+      &missing);
+  if (!missing.empty()) {
+    BRAID_THROW(TimeoutError, "tcp connect", rank_, "rank",
+                missing.find(',') == std::string::npos ? " " : "s ", missing,
+                " published no address within ", opt_.timeout.count(), " ms");
   }
   BRAID_LOG(kInfo, "tcp", rank_) << "listening on " << me << ", " << opt_.socketsPerPeer
                                  << " sockets per peer, "
