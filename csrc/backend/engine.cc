@@ -29,18 +29,13 @@ std::exception_ptr shutDownError() {
 
 void setBlockingCallWrapper(BlockingCallWrapper w) { blockingWrapper.store(w); }
 
-Engine::Engine(std::unique_ptr<transport::Window> window, std::chrono::milliseconds timeout)
-    : comm_(std::make_unique<collectives::Communicator>(std::move(window))), timeout_(timeout) {
+Engine::Engine(std::unique_ptr<collectives::Group> group, std::chrono::milliseconds timeout)
+    : group_(std::move(group)), timeout_(timeout) {
   worker_ = std::thread([this] { loop(); });
   named(worker_, "braid-worker");
 }
 
 Engine::~Engine() { shutdown(); }
-
-collectives::P2PEngine& Engine::p2p() {
-  std::call_once(p2pOnce_, [this] { p2p_ = std::make_unique<collectives::P2PEngine>(comm_->window()); });
-  return *p2p_;
-}
 
 uint64_t Engine::submit(Job job) {
   Queue& q = *q_;
@@ -166,7 +161,7 @@ void Engine::shutdown() {
     q.queued.store(0);
   }
   q.cv.notify_all();
-  comm_->window().abort();  // a job stuck waiting for a peer returns now
+  group_->abort();  // a job stuck waiting for a peer returns now
   if (worker_.joinable()) {
     // The last reference can drop inside a future callback on the worker.
     if (worker_.get_id() == std::this_thread::get_id()) {
@@ -194,8 +189,7 @@ void Engine::shutdown() {
   for (auto& j : dropped) {
     if (j.finish) j.finish(shutDownError());
   }
-  if (p2p_) p2p_->shutdown();
-  comm_->window().markClosed();
+  group_->close();
 }
 
 }  // namespace braid

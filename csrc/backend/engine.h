@@ -12,8 +12,7 @@
 #include <mutex>
 #include <thread>
 
-#include "collectives/communicator.h"
-#include "collectives/p2p.h"
+#include "collectives/group.h"
 
 namespace braid {
 
@@ -74,14 +73,14 @@ class Engine {
   };
   using QueuePtr = std::shared_ptr<Queue>;
 
-  Engine(std::unique_ptr<transport::Window> window, std::chrono::milliseconds timeout);
+  Engine(std::unique_ptr<collectives::Group> group, std::chrono::milliseconds timeout);
   ~Engine();
 
-  int rank() const { return comm_->rank(); }
-  int size() const { return comm_->size(); }
+  int rank() const { return group_->rank(); }
+  int size() const { return group_->size(); }
   std::chrono::milliseconds timeout() const { return timeout_; }
-  collectives::Communicator& comm() { return *comm_; }  // on the thread running a job only
-  collectives::P2PEngine& p2p();                        // started on first use
+  collectives::Group& group() { return *group_; }  // on the thread running a job only
+  collectives::PointToPoint& p2p() { return group_->p2p(); }  // started on first use
   const QueuePtr& queue() const { return q_; }
 
   // Returns the job's id (0 if it was failed at once: the group is shut down).
@@ -105,11 +104,9 @@ class Engine {
  private:
   void loop();
 
-  std::unique_ptr<collectives::Communicator> comm_;
+  std::unique_ptr<collectives::Group> group_;
   std::chrono::milliseconds timeout_;
   QueuePtr q_ = std::make_shared<Queue>();
-  std::once_flag p2pOnce_;
-  std::unique_ptr<collectives::P2PEngine> p2p_;
   std::thread worker_;
 };
 

@@ -39,7 +39,7 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupBraid::reduce_scatter(
     return launch(d, c10d::OpType::REDUCE_SCATTER, "braid:reduce_scatter", outputs, [e, d, ins, dst] {
       std::vector<const void*> p;
       for (auto& t : ins) p.push_back(t.data_ptr());
-      collectives::reduceScatter(e->comm(), d, p.data(), dst.data());
+      e->group().reduceScatter(d, p.data(), dst.data());
       dst.copyBack();
     }, inputs[0]);
   });
@@ -70,7 +70,7 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupBraid::_reduce_scatter_base(
                     std::vector<const void*> p(n);
                     size_t bytes = d.bytes();
                     for (int r = 0; r < n; ++r) p[r] = static_cast<uint8_t*>(src.data_ptr()) + r * bytes;
-                    collectives::reduceScatter(e->comm(), d, p.data(), dst.data());
+                    e->group().reduceScatter(d, p.data(), dst.data());
                     dst.copyBack();
                   }, input);
   });
@@ -147,7 +147,7 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupBraid::alltoall_base(
                     }
                     d.sendBytes = sendB.data();
                     d.recvBytes = recvB.data();
-                    collectives::alltoall(e->comm(), d, ins.data(), outs.data());
+                    e->group().alltoall(d, ins.data(), outs.data());
                     dst.copyBack();
                   }, input);
   });
@@ -188,7 +188,7 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupBraid::alltoall(std::vector<at::Tenso
                     for (auto& s : outs) op.push_back(s.data());
                     d.sendBytes = sendB.data();
                     d.recvBytes = recvB.data();
-                    collectives::alltoall(e->comm(), d, ip.data(), op.data());
+                    e->group().alltoall(d, ip.data(), op.data());
                     for (auto& s : outs) s.copyBack();
                   }, inputs);
   });
@@ -201,7 +201,7 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupBraid::sendRecv(bool isSend,
   const int rank = getRank();
   const at::Tensor& t = args::single(tensors, op, rank);
   args::dtypeOf(t, op, rank);
-  if (peer != collectives::P2PEngine::kAnySource) {
+  if (peer != collectives::PointToPoint::kAnySource) {
     args::checkRank(peer, getSize(), isSend ? "destination" : "source", op, rank);
     BRAID_ENFORCE(peer != rank, op, rank, "cannot ", op, isSend ? " to" : " from", " itself");
   }
@@ -246,7 +246,7 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupBraid::recv(std::vector<at::Tensor>& 
 
 c10::intrusive_ptr<c10d::Work> ProcessGroupBraid::recvAnysource(std::vector<at::Tensor>& tensors,
                                                                 int tag) {
-  return sendRecv(false, tensors, collectives::P2PEngine::kAnySource, tag);
+  return sendRecv(false, tensors, collectives::PointToPoint::kAnySource, tag);
 }
 
 }  // namespace braid

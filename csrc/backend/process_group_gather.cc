@@ -57,7 +57,7 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupBraid::allgather(
     auto outs = stageOutputs(outputs[0]);
     Engine* e = engine_.get();
     return launch(d, c10d::OpType::ALLGATHER, "braid:allgather", outputs[0], [e, d, src, outs] {
-      collectives::allgather(e->comm(), d, src.data(), pointers(outs).data());
+      e->group().allgather(d, src.data(), pointers(outs).data());
       copyBackAll(outs);
     }, inputs);
   });
@@ -79,7 +79,7 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupBraid::_allgather_base(
     Engine* e = engine_.get();
     return launch(d, c10d::OpType::_ALLGATHER_BASE, "braid:_allgather_base", {output},
                   [e, d, src, dst, n] {
-                    collectives::allgather(e->comm(), d, src.data(), slices(dst.buf, n).data());
+                    e->group().allgather(d, src.data(), slices(dst.buf, n).data());
                     dst.copyBack();
                   }, input);
   });
@@ -129,7 +129,7 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupBraid::allgather_coalesced(
     Engine* e = engine_.get();
     return launch(d, c10d::OpType::ALLGATHER_COALESCED, "braid:allgather_coalesced", outs,
                   [e, d, packed, gathered, outputLists, n] {
-                    collectives::allgather(e->comm(), d, packed.data_ptr(),
+                    e->group().allgather(d, packed.data_ptr(),
                                            slices(gathered, n).data());
                     for (int r = 0; r < n; ++r) {
                       int64_t off = r * packed.numel();
@@ -169,7 +169,7 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupBraid::gather(
     auto outs = stageOutputs(outList);
     Engine* e = engine_.get();
     return launch(d, c10d::OpType::GATHER, "braid:gather", outList, [e, d, src, outs] {
-      collectives::gather(e->comm(), d, src.data(), pointers(outs).data());
+      e->group().gather(d, src.data(), pointers(outs).data());
       copyBackAll(outs);
     }, inputs);
   });
@@ -202,7 +202,7 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupBraid::scatter(
     return launch(d, c10d::OpType::SCATTER, "braid:scatter", outputs, [e, d, ins, dst] {
       std::vector<const void*> p;
       for (auto& s : ins) p.push_back(s.data());
-      collectives::scatter(e->comm(), d, p.data(), dst.data());
+      e->group().scatter(d, p.data(), dst.data());
       dst.copyBack();
     }, inputs.empty() ? c10::ArrayRef<at::Tensor>() : c10::ArrayRef<at::Tensor>(inputs[0]));
   });

@@ -59,7 +59,7 @@ struct Exchange {
 };
 using ExchangePtr = std::shared_ptr<Exchange>;
 
-collectives::P2PEngine::Done doneFor(ExchangePtr ex, Op* op) {
+collectives::PointToPoint::Done doneFor(ExchangePtr ex, Op* op) {
   return [ex, op](std::exception_ptr e, int) {
     std::lock_guard<std::mutex> lock(ex->mu);
     op->state = Op::kOk;
@@ -79,13 +79,13 @@ collectives::P2PEngine::Done doneFor(ExchangePtr ex, Op* op) {
 }
 
 // Posts a receive of the next message from `peer` (the caller holds no lock).
-void postRecv(collectives::P2PEngine& p2p, const ExchangePtr& ex, int peer,
+void postRecv(collectives::PointToPoint& p2p, const ExchangePtr& ex, int peer,
               transport::Clock::time_point deadline, std::chrono::milliseconds timeout) {
   Op* op = &ex->recv[peer];
   p2p.postRecv(peer, kTag, &op->msg, sizeof(Msg), deadline, timeout, doneFor(ex, op));
 }
 
-void postSend(collectives::P2PEngine& p2p, const ExchangePtr& ex, int peer, Msg msg,
+void postSend(collectives::PointToPoint& p2p, const ExchangePtr& ex, int peer, Msg msg,
               transport::Clock::time_point deadline, std::chrono::milliseconds timeout) {
   Op* op = &ex->send[peer];
   op->msg = msg;
@@ -95,7 +95,7 @@ void postSend(collectives::P2PEngine& p2p, const ExchangePtr& ex, int peer, Msg 
 // Waits until the receives from `peers` hold a message of call `seq` (or a
 // later one) or failed; drops and re-posts those of earlier calls, recording
 // the last dropped number in `stale`.
-void awaitRecvs(collectives::P2PEngine& p2p, const ExchangePtr& ex, int rank,
+void awaitRecvs(collectives::PointToPoint& p2p, const ExchangePtr& ex, int rank,
                 const std::vector<int>& peers, int64_t seq, transport::Clock::time_point deadline,
                 std::chrono::milliseconds timeout, std::vector<int64_t>* stale) {
   std::unique_lock<std::mutex> lock(ex->mu);

@@ -63,7 +63,7 @@ size_t metaBytes(const at::Tensor& t) {
 }
 
 // The worker's part; `meta` is step 1's OpDesc, `t` the caller's tensor.
-void runSparse(collectives::Communicator& comm, const OpDesc& meta, const at::Tensor& t) {
+void runSparse(collectives::Group& comm, const OpDesc& meta, const at::Tensor& t) {
   const int rank = comm.rank(), n = comm.size();
   // As gloo: the ATen calls below must not record autograd history.
   at::AutoDispatchBelowAutograd guard;
@@ -82,7 +82,7 @@ void runSparse(collectives::Communicator& comm, const OpDesc& meta, const at::Te
   std::vector<void*> rows(n);
   for (int r = 0; r < n; ++r) rows[r] = all[r].data_ptr();
   try {
-    collectives::allgather(comm, meta, mine.data_ptr(), rows.data());
+    comm.allgather(meta, mine.data_ptr(), rows.data());
   } catch (const TimeoutError&) {
     throw;
   } catch (const PeerLostError&) {
@@ -143,7 +143,7 @@ void runSparse(collectives::Communicator& comm, const OpDesc& meta, const at::Te
   std::vector<void*> outs(n);
   for (int r = 0; r < n; ++r) outs[r] = static_cast<uint8_t*>(recv.data_ptr()) + r * block;
   try {
-    collectives::allgather(comm, d, send.data_ptr(), outs.data());
+    comm.allgather(d, send.data_ptr(), outs.data());
   } catch (...) {
     rethrowInStep2();
   }
@@ -194,7 +194,7 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupBraid::allreduceSparse(
     Engine* e = engine_.get();
     at::Tensor target = t;
     return launch(meta, c10d::OpType::ALLREDUCE, "braid:sparse_allreduce", tensors,
-                  [e, meta, target] { runSparse(e->comm(), meta, target); });
+                  [e, meta, target] { runSparse(e->group(), meta, target); });
   });
 }
 

@@ -36,7 +36,7 @@ void WorkBraid::setJob(Engine::QueuePtr queue, uint64_t id, transport::Clock::ti
   expiry_ = std::move(expiry);
 }
 
-void WorkBraid::setP2P(collectives::P2PEngine::CallbackClock inCallbackSince,
+void WorkBraid::setP2P(collectives::PointToPoint::CallbackClock inCallbackSince,
                        transport::Clock::time_point deadline, std::chrono::milliseconds timeout,
                        const char* op) {
   p2pStall_ = std::move(inCallbackSince);

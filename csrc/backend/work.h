@@ -30,7 +30,7 @@ class WorkBraid : public c10d::Work {
               std::chrono::milliseconds timeout, const char* op,
               std::shared_ptr<std::string> expiry);
   // A send or receive: see Note [A stalled progress thread] in collectives/p2p.h.
-  void setP2P(collectives::P2PEngine::CallbackClock inCallbackSince,
+  void setP2P(collectives::PointToPoint::CallbackClock inCallbackSince,
               transport::Clock::time_point deadline, std::chrono::milliseconds timeout,
               const char* op);
   bool wait(std::chrono::milliseconds timeout = std::chrono::milliseconds(0)) override;
@@ -50,7 +50,7 @@ class WorkBraid : public c10d::Work {
   const char* op_ = "op";
   std::shared_ptr<std::string> expiry_;
 
-  collectives::P2PEngine::CallbackClock p2pStall_;
+  collectives::PointToPoint::CallbackClock p2pStall_;
   std::atomic<bool> done_{false};
 
   // Gives the job up if it has not started by its deadline.

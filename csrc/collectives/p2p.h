@@ -22,6 +22,7 @@
 #include <thread>
 #include <vector>
 
+#include "collectives/group.h"
 #include "transport/window.h"
 
 namespace braid {
@@ -41,30 +42,19 @@ namespace collectives {
 // alive but silent: a receive attached to its message (which has no deadline
 // while bytes come, Note [Started messages]) times out once no byte came for
 // a whole timeout past its deadline.
-class P2PEngine {
+class P2PEngine : public PointToPoint {
  public:
-  // Called once, from the progress thread, when the op finished or failed.
-  // source is the sender's rank for receives.
-  using Done = std::function<void(std::exception_ptr error, int source)>;
-
   explicit P2PEngine(transport::Window& window);
-  ~P2PEngine();  // fails pending ops, joins the thread
+  ~P2PEngine() override;  // fails pending ops, joins the thread
 
   void postSend(int dst, int tag, const void* data, size_t bytes,
                 transport::Clock::time_point deadline, std::chrono::milliseconds timeout,
-                Done done);
+                Done done) override;
   // src == kAnySource matches any sender.
   void postRecv(int src, int tag, void* data, size_t bytes, transport::Clock::time_point deadline,
-                std::chrono::milliseconds timeout, Done done);
-  static constexpr int kAnySource = -1;
-
-  // Since when (steady_clock ticks; 0: not now) the progress thread has run a
-  // Done callback. Shared, because Works that read it may outlive the engine.
-  // See Note [A stalled progress thread].
-  using CallbackClock = std::shared_ptr<std::atomic<int64_t>>;
-  const CallbackClock& inCallbackSince() const { return inCallback_; }
-
-  void shutdown();
+                std::chrono::milliseconds timeout, Done done) override;
+  const CallbackClock& inCallbackSince() const override { return inCallback_; }
+  void shutdown() override;
 
  private:
   struct Send;

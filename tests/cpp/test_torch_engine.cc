@@ -11,6 +11,7 @@
 #include <vector>
 
 #include "backend/engine.h"
+#include "collectives/shm_group.h"
 #include "core_group.h"
 
 namespace braid {
@@ -23,8 +24,9 @@ std::unique_ptr<Engine> soloEngine(MemoryStore& store) {
   o.slotBytes = 4096;
   o.channelBytes = 4096;
   o.timeout = std::chrono::seconds(20);
-  return std::make_unique<Engine>(transport::shm::ShmWindow::create(store, 0, 1, o),
-                                  std::chrono::seconds(20));
+  return std::make_unique<Engine>(
+      std::make_unique<collectives::ShmGroup>(transport::shm::ShmWindow::create(store, 0, 1, o)),
+      std::chrono::seconds(20));
 }
 
 struct Log {

@@ -1,0 +1,86 @@
+// A group's collectives and point-to-point messages, whatever carries them:
+// the backend runs every op through this interface and never learns which
+// transport a group uses. makeGroup (collectives/make_group.cc) is the one
+// place that chooses (Note [Choosing a group's transport]).
+//
+// Implementations:
+//  - ShmGroup (shm_group.cc): every rank on one host; the slot-based
+//    algorithms over the shared-memory Window (collectives.h).
+//  - HierGroup (hier/hier_group.h): ranks on several hosts; TCP between them,
+//    shared memory within each (Note [Collectives across hosts]).
+//
+// Threading: the collectives run one at a time on the thread that runs the
+// group's jobs (the backend's worker, or a waiting caller); p2p() and abort()
+// may be used from any thread.
+#pragma once
+
+#include <atomic>
+#include <chrono>
+#include <exception>
+#include <functional>
+#include <memory>
+#include <string>
+
+#include "collectives/communicator.h"
+
+namespace braid {
+namespace collectives {
+
+// Tagged sends and receives, progressed by a thread of the implementation.
+class PointToPoint {
+ public:
+  // Called once, from the progress thread, when the op finished or failed.
+  // source is the sender's rank for receives.
+  using Done = std::function<void(std::exception_ptr error, int source)>;
+  static constexpr int kAnySource = -1;
+  // Since when (steady_clock ticks; 0: not now) the progress thread has run a
+  // Done callback. Shared, because Works that read it may outlive the group.
+  // See Note [A stalled progress thread] (p2p.h).
+  using CallbackClock = std::shared_ptr<std::atomic<int64_t>>;
+
+  virtual ~PointToPoint() = default;
+  virtual void postSend(int dst, int tag, const void* data, size_t bytes,
+                        transport::Clock::time_point deadline, std::chrono::milliseconds timeout,
+                        Done done) = 0;
+  // src == kAnySource matches any sender (where the implementation can).
+  virtual void postRecv(int src, int tag, void* data, size_t bytes,
+                        transport::Clock::time_point deadline, std::chrono::milliseconds timeout,
+                        Done done) = 0;
+  virtual const CallbackClock& inCallbackSince() const = 0;
+  virtual void shutdown() = 0;
+};
+
+class Group {
+ public:
+  virtual ~Group() = default;
+  virtual int rank() const = 0;
+  virtual int size() const = 0;
+  // "shared memory" or "2 hosts over TCP: ...", for logs.
+  virtual std::string describe() const = 0;
+
+  // The collectives of collectives.h, with their contracts.
+  virtual void allreduce(const OpDesc& op, const void* in, void* out) = 0;
+  virtual void broadcast(const OpDesc& op, void* buf) = 0;
+  virtual void reduce(const OpDesc& op, const void* in, void* out) = 0;
+  virtual void allgather(const OpDesc& op, const void* in, void* const* outs) = 0;
+  virtual void gather(const OpDesc& op, const void* in, void* const* outs) = 0;
+  virtual void scatter(const OpDesc& op, const void* const* ins, void* out) = 0;
+  virtual void reduceScatter(const OpDesc& op, const void* const* ins, void* out) = 0;
+  virtual void alltoall(const OpDesc& op, const void* const* ins, void* const* outs) = 0;
+  virtual void barrier(const OpDesc& op) = 0;
+  // A rank that failed op's argument checks tells its peers (Note [Op headers]).
+  virtual void failOp(const OpDesc& op) = 0;
+
+  // After an error that leaves ranks out of step: later ops fail at once.
+  virtual void markBroken(const std::string& why) = 0;
+
+  // Started on first use; lives as long as the group.
+  virtual PointToPoint& p2p() = 0;
+  // Wakes every wait (a job stuck on a peer returns). Any thread.
+  virtual void abort() = 0;
+  // After the last op: releases the transports (no waits run any more).
+  virtual void close() = 0;
+};
+
+}  // namespace collectives
+}  // namespace braid
