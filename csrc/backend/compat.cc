@@ -84,5 +84,17 @@ std::pair<std::string, std::string> groupNameAndDesc(const BackendBase& backend)
 #endif
 }
 
+std::string storeHost(const c10::intrusive_ptr<c10d::Store>& store) {
+  c10::intrusive_ptr<c10d::Store> s = store;
+  for (int depth = 0; s && depth < 16; ++depth) {
+    if (auto* tcp = dynamic_cast<c10d::TCPStore*>(s.get())) return tcp->getHost();
+    auto* prefixed = dynamic_cast<c10d::PrefixStore*>(s.get());
+    if (!prefixed) break;
+    s = prefixed->getUnderlyingStore();
+  }
+  const char* addr = std::getenv("MASTER_ADDR");
+  return addr ? addr : "";
+}
+
 }  // namespace compat
 }  // namespace braid

@@ -5,6 +5,7 @@
 
 #include <torch/version.h>
 
+#include <torch/csrc/distributed/c10d/PrefixStore.hpp>
 #include <torch/csrc/distributed/c10d/ProcessGroup.hpp>
 #include <torch/csrc/distributed/c10d/Store.hpp>
 #include <torch/csrc/distributed/c10d/TCPStore.hpp>
@@ -82,6 +83,11 @@ std::exception_ptr asTorchError(std::exception_ptr error);
 std::pair<std::string, std::string> groupNameAndDesc(const BackendBase& backend);
 
 // Wraps a braid backend as a c10d::ProcessGroup (itself on 1.13).
+// The host of the TCPStore under `store`'s prefixes, else MASTER_ADDR, else
+// "" (a FileStore or HashStore has no host): TCP takes its interface from
+// the route to it (Note [Choosing a group's transport]).
+std::string storeHost(const c10::intrusive_ptr<c10d::Store>& store);
+
 c10::intrusive_ptr<c10d::ProcessGroup> wrapAsProcessGroup(
     const c10::intrusive_ptr<BackendBase>& backend, const c10::intrusive_ptr<c10d::Store>& store);
 

@@ -9,9 +9,7 @@
 #include "collectives/collectives.h"
 #include "common/error.h"
 #include "common/logging.h"
-#include "transport/host.h"
-#include "transport/topology.h"
-#include "transport/shm/window.h"
+#include "collectives/make_group.h"
 
 namespace braid {
 
@@ -35,16 +33,6 @@ c10d::OpType opTypeOf(OpKind k) {
   return c10d::OpType::UNKNOWN;
 }
 
-// Groups across hosts need the TCP transport, which no collective uses yet:
-// refuse them, with the layout the topology found (Note [Group topology]).
-void requireOneHost(const transport::Topology& topo, int rank) {
-  if (topo.singleHost()) return;
-  BRAID_THROW(Error, "init", rank, "group spans hosts: rank ", rank, " runs on '",
-              topo.identityOf(topo.host()), "' and the group has ", topo.describe(),
-              "; braid runs groups within one host for now (its TCP transport is not used by "
-              "the collectives yet): use gloo for this group");
-}
-
 }  // namespace
 
 ProcessGroupBraid::ProcessGroupBraid(const c10::intrusive_ptr<c10d::Store>& store, int rank,
@@ -56,16 +44,16 @@ ProcessGroupBraid::ProcessGroupBraid(const c10::intrusive_ptr<c10d::Store>& stor
   int64_t ticket = store->add("braid/incarnation", 1);
   const std::string prefix = "braid/" + std::to_string((ticket - 1) / size) + "/";
   StoreAdapter adapted(store, prefix);
-  auto topology =
-      transport::exchangeTopology(adapted, rank, size, transport::hostIdentity(), timeout);
-  requireOneHost(topology, rank);
-  transport::shm::WindowOptions opts;
+  collectives::GroupOptions opts;
   opts.timeout = timeout;
-  engine_ = std::make_unique<Engine>(transport::shm::ShmWindow::create(adapted, rank, size, opts),
-                                     timeout);
+  opts.groupId = prefix + groupName;
+  opts.storeHost = compat::storeHost(store);
+  auto group = collectives::makeGroup(adapted, rank, size, opts);  // Note [Choosing a group's transport]
+  const std::string how = group->describe();
+  engine_ = std::make_unique<Engine>(std::move(group), timeout);
   fr_ = std::make_unique<GroupRecorder>(store, prefix, rank, size);
   BRAID_LOG(kInfo, "backend", rank) << "group '" << groupName << "' of " << size
-                                    << " ranks ready (shared memory)";
+                                    << " ranks ready (" << how << ")";
 }
 
 ProcessGroupBraid::~ProcessGroupBraid() { abort(); }
@@ -134,7 +122,7 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupBraid::launch(const OpDesc& d, c10d::
              body = std::move(body)]() -> std::exception_ptr {
     fr->started(frId);
     if (!expiry->empty()) {  // Note [A job that cannot start]: its caller gave it up
-      engine->comm().markBroken(*expiry);
+      engine->group().markBroken(*expiry);
       fr->finished(frId, nullptr);
       return nullptr;
     }
@@ -142,11 +130,11 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupBraid::launch(const OpDesc& d, c10d::
     try {
       body();
     } catch (const TimeoutError& e) {
-      engine->comm().markBroken(e.what());  // ranks are out of step now
+      engine->group().markBroken(e.what());  // ranks are out of step now
       errors->record(e.what());
       error = std::current_exception();
     } catch (const PeerLostError& e) {
-      engine->comm().markBroken(e.what());
+      engine->group().markBroken(e.what());
       errors->record(e.what());
       error = std::current_exception();
     } catch (...) {
@@ -201,7 +189,7 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupBraid::guarded(
     job.run = [engine, d, fr, frId]() -> std::exception_ptr {
       fr->started(frId);
       try {
-        collectives::failOp(engine->comm(), d);
+        engine->group().failOp(d);
       } catch (...) {
         // Our own error already reached the caller.
       }
@@ -235,7 +223,7 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupBraid::allreduce(std::vector<at::Tens
     }
     Engine* e = engine_.get();
     return launch(d, c10d::OpType::ALLREDUCE, "braid:allreduce", tensors, [e, d, st, src] {
-      collectives::allreduce(e->comm(), d, src.data_ptr(), st.data());
+      e->group().allreduce(d, src.data_ptr(), st.data());
       st.copyBack();
     });
   });
@@ -270,7 +258,7 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupBraid::allreduce_coalesced(
     Engine* e = engine_.get();
     return launch(d, c10d::OpType::ALLREDUCE_COALESCED, "braid:allreduce_coalesced", tensors,
                   [e, d, buf, tensors] {
-                    collectives::allreduce(e->comm(), d, buf.data_ptr(), buf.data_ptr());
+                    e->group().allreduce(d, buf.data_ptr(), buf.data_ptr());
                     int64_t off = 0;
                     for (auto& t : tensors) {
                       t.copy_(buf.narrow(0, off, t.numel()).view(t.sizes()));
@@ -294,7 +282,7 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupBraid::broadcast(std::vector<at::Tens
     auto st = args::Staged::in(t);
     Engine* e = engine_.get();
     return launch(d, c10d::OpType::BROADCAST, "braid:broadcast", tensors, [e, d, st] {
-      collectives::broadcast(e->comm(), d, st.data());
+      e->group().broadcast(d, st.data());
       st.copyBack();
     });
   });
@@ -322,7 +310,7 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupBraid::reduce(std::vector<at::Tensor>
     Engine* e = engine_.get();
     const bool root = d.root == rank;
     return launch(d, c10d::OpType::REDUCE, "braid:reduce", tensors, [e, d, st, src, root] {
-      collectives::reduce(e->comm(), d, src.data_ptr(), st.data());
+      e->group().reduce(d, src.data_ptr(), st.data());
       if (root) st.copyBack();
     });
   });
@@ -333,7 +321,7 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupBraid::barrier(const c10d::BarrierOpt
     OpDesc d = desc(OpKind::kBarrier, opts.timeout);
     Engine* e = engine_.get();
     return launch(d, c10d::OpType::BARRIER, "braid:barrier", {},
-                  [e, d] { collectives::barrier(e->comm(), d); });
+                  [e, d] { e->group().barrier(d); });
   });
 }
 

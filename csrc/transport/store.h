@@ -27,6 +27,25 @@ class Store {
 // `missing` empty; when the deadline passes first, `missing` lists the ranks
 // that published nothing, as "2,3" (for the caller's own error), and the
 // values are not returned.
+// Another Store's keys under `prefix` (a sub-group's rendezvous).
+class PrefixedStore : public Store {
+ public:
+  PrefixedStore(Store& base, std::string prefix) : base_(base), prefix_(std::move(prefix)) {}
+  void set(const std::string& key, const std::vector<uint8_t>& value) override {
+    base_.set(prefix_ + key, value);
+  }
+  std::vector<uint8_t> get(const std::string& key, std::chrono::milliseconds timeout) override {
+    return base_.get(prefix_ + key, timeout);
+  }
+  int64_t add(const std::string& key, int64_t delta) override {
+    return base_.add(prefix_ + key, delta);
+  }
+
+ private:
+  Store& base_;
+  const std::string prefix_;
+};
+
 std::vector<std::string> exchangeThroughStore(Store& store,
                                               const std::function<std::string(int)>& key,
                                               int rank, int size, const std::string& mine,

@@ -38,6 +38,7 @@ struct NetHeader {
   uint32_t algo;
   uint32_t reserved;
   uint64_t ringMin;  // BRAID_NET_ALLREDUCE_RING_MIN
+  uint64_t hierMin;  // BRAID_HIER_ALLREDUCE_MIN (hier/hier_group.cc)
   Shape shape;
   char message[kMessageBytes];
 };
@@ -67,6 +68,7 @@ const char* netAlgoName(NetAlgo a) {
     case NetAlgo::kRing: return "ring";
     case NetAlgo::kTree: return "tree";
     case NetAlgo::kPairwise: return "pairwise";
+    case NetAlgo::kHier: return "hierarchical";
   }
   return "unknown";
 }
@@ -170,6 +172,7 @@ void NetComm::exchangeHeaders(const OpDesc& op, NetAlgo algo) {
   h->count = op.count;
   h->algo = static_cast<uint32_t>(algo);
   h->ringMin = cfg_.allreduceRingMin;
+  h->hierMin = cfg_.hierAllreduceMin;
   h->shape = op.shape;
   size_t m = std::min(op.localError.size(), kMessageBytes - 1);
   std::memcpy(h->message, op.localError.data(), m);
@@ -227,6 +230,11 @@ void NetComm::exchangeHeaders(const OpDesc& op, NetAlgo algo) {
     if (usesRingMin(op.kind) && o->ringMin != h->ringMin) {
       BRAID_THROW(Error, me, rank_, "rank ", p, " runs with BRAID_NET_ALLREDUCE_RING_MIN=",
                   o->ringMin, ", this rank with BRAID_NET_ALLREDUCE_RING_MIN=", h->ringMin,
+                  " (settings that shape an op must be equal on every rank)");
+    }
+    if (op.kind == OpKind::kAllreduce && o->hierMin != h->hierMin) {
+      BRAID_THROW(Error, me, rank_, "rank ", p, " runs with BRAID_HIER_ALLREDUCE_MIN=",
+                  o->hierMin, ", this rank with BRAID_HIER_ALLREDUCE_MIN=", h->hierMin,
                   " (settings that shape an op must be equal on every rank)");
     }
     if (o->algo != h->algo) {

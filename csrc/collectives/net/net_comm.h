@@ -74,6 +74,9 @@ namespace net {
 // every header, Note [Settings that shape an op]).
 struct NetConfig {
   uint64_t allreduceRingMin = 64 << 10;  // BRAID_NET_ALLREDUCE_RING_MIN
+  // Set by the hierarchy (hier/hier_group.cc, BRAID_HIER_ALLREDUCE_MIN):
+  // travels in the header so that ranks which would split differently fail.
+  uint64_t hierAllreduceMin = 0;
   // Throws an Error naming "init" and `rank` when a value is invalid.
   static NetConfig fromEnv(int rank);
 };
@@ -85,6 +88,7 @@ enum class NetAlgo : uint32_t {
   kRing,            // ring reduce-scatter and/or allgather
   kTree,            // binomial tree
   kPairwise,        // alltoall
+  kHier,            // the header here, the data by the hierarchy's stages
 };
 const char* netAlgoName(NetAlgo a);
 

@@ -5,6 +5,7 @@
 #include <chrono>
 #include <cstddef>
 #include <string>
+#include <vector>
 
 namespace braid {
 namespace transport {
@@ -22,6 +23,9 @@ struct TcpOptions {
   size_t maxUnexpectedBytes = 64 << 20;  // BRAID_TCP_UNEXPECTED_BYTES
   std::string ifname;               // BRAID_SOCKET_IFNAME; "" = route to storeHost
   std::string storeHost;            // the store's host (the caller knows it); "" = loopback
+  // How errors name each peer ("rank 5 on host 'b'"), by transport rank;
+  // empty: "rank <p>". The address follows either way.
+  std::vector<std::string> peerNames;
   std::string secret;               // BRAID_SECRET or BRAID_SECRET_FILE; "" = none
   bool requireAuth = false;         // BRAID_REQUIRE_AUTH
   // Deadline for connecting the group (eager) or one pair (lazy), and for

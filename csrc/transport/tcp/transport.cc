@@ -102,7 +102,9 @@ void TcpTransport::waitConnected(Clock::time_point deadline) {
 
 std::string TcpTransport::peerName(int p) const {
   if (p < 0 || p >= size_) return strCat("rank ", p);
-  return strCat("rank ", p, p < static_cast<int>(addrs_.size()) ? " at " + addrs_[p] : "");
+  std::string who = p < static_cast<int>(opt_.peerNames.size()) ? opt_.peerNames[p]
+                                                                 : strCat("rank ", p);
+  return strCat(who, p < static_cast<int>(addrs_.size()) ? " at " + addrs_[p] : "");
 }
 
 void TcpTransport::checkArgs(const char* op, int peer, const void* data, size_t bytes) const {

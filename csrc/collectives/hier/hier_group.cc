@@ -1,0 +1,149 @@
+#include "collectives/hier/hier_group.h"
+
+#include "collectives/net/collectives.h"
+#include "common/error.h"
+#include "common/logging.h"
+#include "common/settings.h"
+#include "transport/shm/window.h"
+#include "transport/tcp/transport.h"
+
+namespace braid {
+namespace collectives {
+
+// Compared in the world's header (Note [Settings that shape an op]).
+BRAID_SETTING_INT(kHierMin, "BRAID_HIER_ALLREDUCE_MIN", 64 << 10,
+                  "Bytes from which an allreduce across hosts runs in three stages (shared memory "
+                  "within each host, TCP between hosts, shared memory again); below, and where "
+                  "hosts run different numbers of ranks, every rank exchanges over TCP. Must be "
+                  "equal on every rank.");
+
+namespace {
+
+// "rank 5 on host 'b'": the host's name is its identity's first field.
+std::string label(const transport::Topology& topo, int rank) {
+  const std::string& id = topo.identityOf(topo.hostOf(rank));
+  return strCat("rank ", rank, " on host '", id.substr(0, id.find('/')), "'");
+}
+
+bool evenHosts(const transport::Topology& topo) {
+  for (int h = 1; h < topo.numHosts(); ++h) {
+    if (topo.ranksOn(h).size() != topo.ranksOn(0).size()) return false;
+  }
+  return true;
+}
+
+transport::tcp::TcpOptions tcpOptions(const transport::Topology& topo, const HierOptions& o,
+                                      const std::string& sub, std::vector<int> ranks) {
+  auto t = transport::tcp::TcpOptions::fromEnv(topo.rank(), topo.size());
+  t.groupId = o.groupId + "/" + sub;
+  t.storeHost = o.storeHost;
+  t.timeout = o.timeout;
+  for (int r : ranks) t.peerNames.push_back(label(topo, r));
+  return t;
+}
+
+}  // namespace
+
+HierGroup::HierGroup(transport::Store& store, const transport::Topology& topo,
+                     const HierOptions& opts)
+    : topo_(topo) {
+  const int rank = topo.rank(), n = topo.size();
+  net::NetConfig cfg = net::NetConfig::fromEnv(rank);
+  BRAID_ENFORCE(kHierMin.get() >= 0, "init", rank, "BRAID_HIER_ALLREDUCE_MIN must be >= 0, got ",
+                kHierMin.get());
+  cfg.hierAllreduceMin = static_cast<uint64_t>(kHierMin.get());
+
+  std::vector<int> all(n);
+  for (int r = 0; r < n; ++r) all[r] = r;
+  transport::PrefixedStore worldStore(store, "tcp/world/");
+  worldT_ = transport::tcp::connect(worldStore, rank, n, tcpOptions(topo, opts, "world", all));
+  world_ = std::make_unique<net::NetComm>(*worldT_, cfg);
+
+  const int L = topo.localSize(), l = topo.localRank(), h = topo.host();
+  if (L > 1 && evenHosts(topo)) {
+    transport::PrefixedStore shmStore(store, strCat("shm/", h, "/"));
+    transport::shm::WindowOptions w;
+    w.timeout = opts.timeout;
+    local_ = std::make_unique<ShmGroup>(transport::shm::ShmWindow::create(shmStore, l, L, w));
+    std::vector<int> peers;
+    for (int k = 0; k < topo.numHosts(); ++k) peers.push_back(topo.ranksOn(k)[l]);
+    transport::PrefixedStore crossStore(store, strCat("tcp/cross", l, "/"));
+    crossT_ = transport::tcp::connect(crossStore, h, topo.numHosts(),
+                                      tcpOptions(topo, opts, strCat("cross", l), peers));
+    cross_ = std::make_unique<net::NetComm>(*crossT_, cfg);
+  } else if (L > 1) {
+    BRAID_LOG(kInfo, "init", rank) << "hosts run different numbers of ranks (" << topo.describe()
+                                   << "): every op runs over TCP between all ranks";
+  }
+}
+
+HierGroup::~HierGroup() { close(); }
+
+std::string HierGroup::describe() const {
+  return strCat("TCP across ", topo_.describe(),
+                local_ ? ", shared memory within each host" : "");
+}
+
+bool HierGroup::hierarchical(const OpDesc& op) const {
+  return local_ && op.bytes() >= world_->config().hierAllreduceMin &&
+         op.count >= static_cast<size_t>(local_->size());
+}
+
+void HierGroup::allreduce(const OpDesc& op, const void* in, void* out) {
+  if (!hierarchical(op)) return net::allreduce(*world_, op, in, out);
+  world_->begin(op, net::NetAlgo::kHier);
+  allreduceStages(op, in, out);
+}
+
+void HierGroup::broadcast(const OpDesc& op, void* buf) { net::broadcast(*world_, op, buf); }
+void HierGroup::reduce(const OpDesc& op, const void* in, void* out) {
+  net::reduce(*world_, op, in, out);
+}
+void HierGroup::allgather(const OpDesc& op, const void* in, void* const* outs) {
+  net::allgather(*world_, op, in, outs);
+}
+void HierGroup::gather(const OpDesc& op, const void* in, void* const* outs) {
+  net::gather(*world_, op, in, outs);
+}
+void HierGroup::scatter(const OpDesc& op, const void* const* ins, void* out) {
+  net::scatter(*world_, op, ins, out);
+}
+void HierGroup::reduceScatter(const OpDesc& op, const void* const* ins, void* out) {
+  net::reduceScatter(*world_, op, ins, out);
+}
+void HierGroup::alltoall(const OpDesc& op, const void* const* ins, void* const* outs) {
+  net::alltoall(*world_, op, ins, outs);
+}
+void HierGroup::barrier(const OpDesc& op) { net::barrier(*world_, op); }
+void HierGroup::failOp(const OpDesc& op) { net::failOp(*world_, op); }
+
+void HierGroup::markBroken(const std::string& why) {
+  world_->markBroken(why);
+  if (cross_) cross_->markBroken(why);
+  if (local_) local_->markBroken(why);
+  // The ranks on other hosts see this rank leave and fail now, not at their
+  // deadline (Note [Collectives across hosts]).
+  worldT_->abort(why);
+  if (crossT_) crossT_->abort(why);
+}
+
+PointToPoint& HierGroup::p2p() {
+  std::call_once(p2pOnce_, [this] { p2p_ = std::make_unique<net::NetP2P>(*worldT_); });
+  return *p2p_;
+}
+
+void HierGroup::abort() {
+  worldT_->abort("the group was shut down");
+  if (crossT_) crossT_->abort("the group was shut down");
+  if (local_) local_->abort();
+}
+
+void HierGroup::close() {
+  if (p2p_) p2p_->shutdown();
+  if (local_) local_->close();
+  if (crossT_) crossT_->close();
+  if (worldT_) worldT_->close();
+}
+
+}  // namespace collectives
+}  // namespace braid

@@ -1,0 +1,96 @@
+// A group whose ranks run on several hosts.
+//
+// Note [Collectives across hosts]
+// Three groups carry a HierGroup's traffic, all made when it is created:
+//  - world: a TCP transport among all ranks (transport/tcp), with a NetComm
+//    (collectives/net) and the point-to-point messages (net_p2p.h);
+//  - local: the ranks of this host over shared memory (a ShmGroup), when the
+//    host runs more than one of the group's ranks;
+//  - cross: a TCP transport among the ranks that have this rank's local rank
+//    on every host (one such group per local rank), when every host runs the
+//    same number L > 1 of ranks.
+// Every op starts with the world's header exchange (Note [Collectives over
+// messages]): each rank compares its op with every other rank's there, so a
+// mismatch, a rank's argument error or a setting that differs fails every
+// rank the same way before any data moves, and the stages after it need no
+// agreement of their own (their own headers only re-check it).
+// Allreduce from BRAID_HIER_ALLREDUCE_MIN bytes, with local and cross groups,
+// runs in three stages (hier/allreduce.cc): a reduce-scatter within the host
+// over shared memory, leaving local rank l with section l of the host's sum;
+// an allreduce of section l across hosts in cross group l (the L cross groups
+// run at once, each over its own sockets); an allgather of the sections
+// within the host. Each byte crosses the network once per host, not once per
+// rank: a flat ring over n = H x L ranks sends 2(n-1)/n of the buffer per
+// rank, L times that per host, where the hierarchy sends 2(H-1)/H per host
+// in all. Everything else (smaller allreduces, groups with one rank per host
+// or uneven hosts, the other collectives) runs over the world group, whose
+// algorithms are latency-optimal for small buffers (a direct exchange) and
+// bandwidth-optimal for large ones (rings).
+// Failures. A lost peer or a timeout in any stage breaks the group: every
+// transport is aborted, so the ranks on other hosts see this rank leave and
+// fail at once; the ranks of this host that wait for it in a shared-memory
+// stage fail at their deadline. Errors across hosts name the peer's rank,
+// host and address (TcpOptions::peerNames).
+#pragma once
+
+#include <memory>
+#include <mutex>
+#include <optional>
+
+#include "collectives/group.h"
+#include "collectives/net/net_comm.h"
+#include "collectives/net/net_p2p.h"
+#include "collectives/shm_group.h"
+#include "transport/store.h"
+#include "transport/topology.h"
+
+namespace braid {
+namespace collectives {
+
+struct HierOptions {
+  std::string groupId;    // binds the TCP handshakes to this group incarnation
+  std::string storeHost;  // picks the interface (TcpOptions::storeHost)
+  std::chrono::milliseconds timeout{300000};
+};
+
+class HierGroup : public Group {
+ public:
+  // Collective over the group's ranks: connects the world, local and cross
+  // groups (Note [Collectives across hosts]). Throws naming "init" and the rank.
+  HierGroup(transport::Store& store, const transport::Topology& topo, const HierOptions& opts);
+  ~HierGroup() override;
+
+  int rank() const override { return topo_.rank(); }
+  int size() const override { return topo_.size(); }
+  std::string describe() const override;
+
+  void allreduce(const OpDesc& op, const void* in, void* out) override;
+  void broadcast(const OpDesc& op, void* buf) override;
+  void reduce(const OpDesc& op, const void* in, void* out) override;
+  void allgather(const OpDesc& op, const void* in, void* const* outs) override;
+  void gather(const OpDesc& op, const void* in, void* const* outs) override;
+  void scatter(const OpDesc& op, const void* const* ins, void* out) override;
+  void reduceScatter(const OpDesc& op, const void* const* ins, void* out) override;
+  void alltoall(const OpDesc& op, const void* const* ins, void* const* outs) override;
+  void barrier(const OpDesc& op) override;
+  void failOp(const OpDesc& op) override;
+  void markBroken(const std::string& why) override;
+
+  PointToPoint& p2p() override;
+  void abort() override;
+  void close() override;
+
+ private:
+  bool hierarchical(const OpDesc& op) const;
+  void allreduceStages(const OpDesc& op, const void* in, void* out);
+
+  const transport::Topology topo_;
+  std::unique_ptr<transport::Transport> worldT_, crossT_;
+  std::unique_ptr<net::NetComm> world_, cross_;
+  std::unique_ptr<ShmGroup> local_;
+  std::once_flag p2pOnce_;
+  std::unique_ptr<net::NetP2P> p2p_;
+};
+
+}  // namespace collectives
+}  // namespace braid
