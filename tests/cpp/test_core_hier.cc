@@ -1,0 +1,235 @@
+// Groups across hosts (collectives/hier, Note [Collectives across hosts]),
+// threads as ranks: each rank claims a host identity, so the ranks of one
+// "host" share memory and the hosts talk over loopback TCP. Results are
+// checked against closed forms (reduce_values.h).
+#include <gtest/gtest.h>
+
+#include <cstdlib>
+#include <cstring>
+#include <future>
+
+#include "collectives/hier/hier_group.h"
+#include "collectives/make_group.h"
+#include "core_group.h"
+#include "reduce_values.h"
+#include "tcp_group.h"
+
+namespace braid {
+namespace {
+
+using collectives::Group;
+using collectives::HierGroup;
+using collectives::OpDesc;
+using collectives::OpKind;
+using namespace testing;
+
+// Rank r runs on host hostOf[r] ("h<k>/boot/ns", as transport::hostIdentity).
+struct HierFixture {
+  MemoryStore store;
+  std::vector<std::unique_ptr<Group>> groups;
+  explicit HierFixture(const std::vector<int>& hostOf) {
+    const int n = static_cast<int>(hostOf.size());
+    std::vector<std::string> ids;
+    for (int h : hostOf) ids.push_back(strCat("h", h, "/boot/ns"));
+    groups.resize(n);
+    collectives::HierOptions o;
+    o.groupId = strCat("hier-test/", serial()++);
+    o.timeout = std::chrono::seconds(20);
+    runRanks(n, [&](int r) {
+      groups[r] = std::make_unique<HierGroup>(store, transport::Topology(r, ids), o);
+    });
+  }
+  ~HierFixture() {
+    for (auto& g : groups) g->close();
+  }
+  static std::atomic<int>& serial() {
+    static std::atomic<int> s{0};
+    return s;
+  }
+};
+
+// Sets an environment variable for one test's lifetime.
+struct ScopedEnv {
+  std::string name;
+  ScopedEnv(const char* n, const char* v) : name(n) { setenv(n, v, 1); }
+  ~ScopedEnv() { unsetenv(name.c_str()); }
+};
+
+std::string layout(const std::vector<int>& hostOf) {
+  std::string s;
+  for (int h : hostOf) s += std::to_string(h);
+  return s;
+}
+
+// Every dtype and reduce op at `count`, out of place and in place.
+void checkAllreduce(const std::vector<int>& hostOf, const std::vector<size_t>& counts) {
+  HierFixture f(hostOf);
+  const int n = static_cast<int>(hostOf.size());
+  runRanks(n, [&](int r) {
+    Group& g = *f.groups[r];
+    for (size_t count : counts) {
+      for (DataType t : kTypes) {
+        for (ReduceOp op : opsFor(t)) {
+          std::string what = strCat(toString(t), " ", toString(op), " hosts ", layout(hostOf),
+                                    " count ", count, " rank ", r);
+          auto in = filled(t, op, r, count);
+          std::vector<uint8_t> out(in.size(), 0xee);
+          g.allreduce(desc(OpKind::kAllreduce, count, t, 0, op), in.data(), out.data());
+          EXPECT_EQ(badReduced(t, op, n, out.data(), count), 0u) << what;
+          EXPECT_EQ(out.back(), 0xee) << "wrote past the end: " << what;
+          g.allreduce(desc(OpKind::kAllreduce, count, t, 0, op), in.data(), in.data());
+          EXPECT_EQ(badReduced(t, op, n, in.data(), count), 0u) << "in place " << what;
+        }
+      }
+    }
+  });
+}
+
+// Counts around the sections' edges: 0, 1, fewer than the local ranks, odd,
+// and large enough for the staged path at the default threshold.
+const std::vector<size_t> kCounts = {0, 1, 2, 1001, 100003};
+
+TEST(Hier, AllreduceTwoHostsTwoRanksEach) { checkAllreduce({0, 0, 1, 1}, kCounts); }
+TEST(Hier, AllreduceInterleavedRanks) { checkAllreduce({0, 1, 0, 1}, kCounts); }
+TEST(Hier, AllreduceThreeHostsOneRankEach) { checkAllreduce({0, 1, 2}, {0, 1, 1001, 100003}); }
+TEST(Hier, AllreduceUnevenHosts) { checkAllreduce({0, 0, 1}, {0, 1, 1001, 100003}); }
+
+// Every size through the staged path: sections of one element, short last
+// sections and empty ones.
+TEST(Hier, AllreduceStagedAtEverySize) {
+  ScopedEnv env("BRAID_HIER_ALLREDUCE_MIN", "0");
+  checkAllreduce({0, 0, 0, 1, 1, 1}, {0, 1, 2, 3, 4, 5, 7, 11, 1000});
+}
+
+// The other collectives go through the world group: one pass each, checked.
+TEST(Hier, OtherCollectivesAndPointToPoint) {
+  HierFixture f({0, 0, 1, 1, 2});
+  const int n = 5;
+  const DataType t = DataType::kInt64;
+  const size_t count = 777;
+  runRanks(n, [&](int r) {
+    Group& g = *f.groups[r];
+    auto buf = filled(t, ReduceOp::kSum, r, count);
+    g.broadcast(desc(OpKind::kBroadcast, count, t, 3), buf.data());
+    size_t bad = 0;
+    for (size_t i = 0; i < count; ++i) bad += get(t, buf.data(), i) != input(ReduceOp::kSum, 3, i);
+    EXPECT_EQ(bad, 0u) << "broadcast, rank " << r;
+
+    auto in = filled(t, ReduceOp::kSum, r, count);
+    std::vector<std::vector<uint8_t>> outs(n, std::vector<uint8_t>(count * 8));
+    std::vector<void*> ptrs(n);
+    for (int q = 0; q < n; ++q) ptrs[q] = outs[q].data();
+    g.allgather(desc(OpKind::kAllgather, count, t), in.data(), ptrs.data());
+    bad = 0;
+    for (int q = 0; q < n; ++q)
+      for (size_t i = 0; i < count; ++i) bad += get(t, outs[q].data(), i) != input(ReduceOp::kSum, q, i);
+    EXPECT_EQ(bad, 0u) << "allgather, rank " << r;
+
+    std::vector<uint8_t> red(count * 8);
+    g.reduce(desc(OpKind::kReduce, count, t, 1, ReduceOp::kMax), filled(t, ReduceOp::kMax, r, count).data(),
+             red.data());
+    if (r == 1) {
+      EXPECT_EQ(badReduced(t, ReduceOp::kMax, n, red.data(), count), 0u);
+    }
+    g.barrier(desc(OpKind::kBarrier, 0));
+
+    // A ring of sends: to the next rank (across hosts or not), from the previous.
+    auto& p2p = g.p2p();
+    const auto deadline = transport::Clock::now() + std::chrono::seconds(20);
+    int64_t mine = 1000 + r, got = -1;
+    std::promise<std::exception_ptr> sent, recvd;
+    p2p.postRecv((r + n - 1) % n, 7, &got, sizeof(got), deadline, std::chrono::seconds(20),
+                 [&](std::exception_ptr e, int) { recvd.set_value(e); });
+    p2p.postSend((r + 1) % n, 7, &mine, sizeof(mine), deadline, std::chrono::seconds(20),
+                 [&](std::exception_ptr e, int) { sent.set_value(e); });
+    EXPECT_EQ(sent.get_future().get(), nullptr);
+    EXPECT_EQ(recvd.get_future().get(), nullptr);
+    EXPECT_EQ(got, 1000 + (r + n - 1) % n);
+    EXPECT_THROW(p2p.postRecv(collectives::PointToPoint::kAnySource, 7, &got, sizeof(got),
+                              deadline, std::chrono::seconds(20), {}),
+                 Error);
+  });
+}
+
+// A mismatch between hosts fails every rank before any data moves (the
+// world's header exchange), naming both values, and the group stays usable.
+TEST(Hier, MismatchAcrossHostsFailsEveryRankAndKeepsTheGroup) {
+  HierFixture f({0, 0, 1, 1});
+  runRanks(4, [&](int r) {
+    Group& g = *f.groups[r];
+    const size_t count = r >= 2 ? 200000 : 200001;  // host 1 passes another count
+    std::vector<float> in(count, 1.0f), out(count);
+    try {
+      g.allreduce(desc(OpKind::kAllreduce, count, DataType::kFloat32), in.data(), out.data());
+      ADD_FAILURE() << "rank " << r << ": no error";
+    } catch (const Error& e) {
+      EXPECT_NE(std::string(e.what()).find("200000"), std::string::npos) << e.what();
+      EXPECT_NE(std::string(e.what()).find("200001"), std::string::npos) << e.what();
+    }
+    std::vector<float> a(300000, static_cast<float>(r + 1)), b(300000);
+    g.allreduce(desc(OpKind::kAllreduce, a.size(), DataType::kFloat32), a.data(), b.data());
+    EXPECT_EQ(b[0], 10.0f);
+    EXPECT_EQ(b.back(), 10.0f);
+  });
+}
+
+// A rank that fails its argument checks tells every rank on every host.
+TEST(Hier, ArgumentErrorOnOneRankFailsEveryRank) {
+  HierFixture f({0, 0, 1, 1});
+  runRanks(4, [&](int r) {
+    Group& g = *f.groups[r];
+    std::vector<float> in(100000, 1.0f), out(100000);
+    OpDesc d = desc(OpKind::kAllreduce, in.size(), DataType::kFloat32);
+    try {
+      if (r == 3) {
+        d.localError = "allreduce (rank 3): bad tensor";
+        g.failOp(d);
+      } else {
+        g.allreduce(d, in.data(), out.data());
+      }
+      ADD_FAILURE() << "rank " << r << ": no error";
+    } catch (const Error& e) {
+      EXPECT_NE(std::string(e.what()).find("bad tensor"), std::string::npos) << e.what();
+    }
+  });
+}
+
+// A rank that leaves (its transports aborted, as when its process dies) fails
+// every other rank, on its host and on the other, at once (the world's header
+// exchange sees it leave), naming its rank and host.
+TEST(Hier, LostHostFailsTheOthersNamingIt) {
+  HierFixture f({0, 0, 1, 1});
+  runRanks(4, [&](int r) {
+    Group& g = *f.groups[r];
+    std::vector<float> in(1 << 20, 1.0f), out(in.size());
+    const auto t0 = transport::Clock::now();
+    if (r == 3) {
+      g.markBroken("rank 3 left");  // aborts its transports: its peers see it leave
+      return;
+    }
+    try {
+      g.allreduce(desc(OpKind::kAllreduce, in.size(), DataType::kFloat32, 0, ReduceOp::kSum,
+                       std::chrono::milliseconds(2000)),
+                  in.data(), out.data());
+      ADD_FAILURE() << "rank " << r << ": no error";
+    } catch (const Error& e) {
+      EXPECT_NE(std::string(e.what()).find("rank 3 on host 'h1'"), std::string::npos) << e.what();
+    }
+    EXPECT_LT(transport::Clock::now() - t0, std::chrono::milliseconds(1000)) << "rank " << r;
+  });
+}
+
+// makeGroup picks shared memory for one host and the hierarchy across hosts.
+TEST(Hier, MakeGroupChoosesByHost) {
+  MemoryStore store;
+  collectives::GroupOptions o;
+  o.timeout = std::chrono::seconds(20);
+  o.storeHost = "127.0.0.1";
+  std::vector<std::unique_ptr<Group>> gs(2);
+  runRanks(2, [&](int r) { gs[r] = collectives::makeGroup(store, r, 2, o); });
+  EXPECT_EQ(gs[0]->describe(), "shared memory");
+  for (auto& g : gs) g->close();
+}
+
+}  // namespace
+}  // namespace braid
