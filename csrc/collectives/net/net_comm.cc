@@ -92,19 +92,28 @@ void NetComm::recv(int src, uint32_t step, void* data, size_t bytes) {
   pending_.push_back({t_.irecv(src, tag(step), data, bytes), src});
 }
 
-void NetComm::wait() {
-  for (const Pending& p : pending_) {
-    try {
-      p.req->wait(cur_.deadline);
-    } catch (const TimeoutError& e) {
-      fail(p, "timed out", e.what(), true, false);
-    } catch (const PeerLostError& e) {
-      fail(p, "lost", e.what(), false, true);
-    } catch (const Error& e) {
-      fail(p, "failed with", e.what(), false, false);
-    }
+void NetComm::waitOne(const Pending& p) {
+  try {
+    p.req->wait(cur_.deadline);
+  } catch (const TimeoutError& e) {
+    fail(p, "timed out", e.what(), true, false);
+  } catch (const PeerLostError& e) {
+    fail(p, "lost", e.what(), false, true);
+  } catch (const Error& e) {
+    fail(p, "failed with", e.what(), false, false);
   }
+}
+
+void NetComm::wait() {
+  for (const Pending& p : pending_) waitOne(p);
   pending_.clear();
+}
+
+void NetComm::waitPosted(size_t i) { waitOne(pending_.at(i)); }
+
+uint8_t* NetComm::scratch(size_t bytes) {
+  if (scratch_.size() < bytes) scratch_.resize(bytes);
+  return scratch_.data();
 }
 
 void NetComm::fail(const Pending& p, const char* kind, const std::string& text, bool timeout,

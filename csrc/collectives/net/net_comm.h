@@ -114,6 +114,13 @@ class NetComm {
   void send(int dst, uint32_t step, const void* data, size_t bytes);
   void recv(int src, uint32_t step, void* data, size_t bytes);
   void wait();
+  // The number of ops posted since the last wait(), and a wait for the i-th
+  // of them alone (for pipelines that use data as it arrives).
+  size_t posted() const { return pending_.size(); }
+  void waitPosted(size_t i);
+  // Scratch memory of at least `bytes`, kept between ops (no page faults and
+  // no zeroing on the common path). Valid until the next call.
+  uint8_t* scratch(size_t bytes);
 
   void markBroken(const std::string& why);
   const std::string& brokenReason() const { return broken_; }
@@ -127,6 +134,7 @@ class NetComm {
   [[noreturn]] void fail(const Pending& p, const char* kind, const std::string& text,
                          bool timeout, bool lost);
   void exchangeHeaders(const OpDesc& op, NetAlgo algo);
+  void waitOne(const Pending& p);
 
   transport::Transport& t_;
   const int rank_;
@@ -136,6 +144,7 @@ class NetComm {
   const char* opName_ = "";
   OpDesc cur_;
   std::vector<Pending> pending_;
+  std::vector<uint8_t> scratch_;
   std::string broken_;
 };
 

@@ -56,24 +56,39 @@ void finishBlock(const WorkType& w, DataType dtype, ReduceOp redop, int n, void*
 // partial from the left and combine it with this rank's own; the last step
 // receives block me. Each block's partial starts at its owner's right
 // neighbour and goes once around the ring.
+// Each block travels as segments of kSegmentBytes (a fixed size: the ranks
+// must cut alike, since a receive's size must equal its message's), and a
+// segment is reduced as soon as it has arrived, while the next ones are on the
+// wire: the reduction hides behind the transfer instead of following it.
 void ringReduceScatter(NetComm& c, const WorkType& w, uint8_t* const* blocks, const size_t* counts,
                        uint32_t step0) {
   const int n = c.size(), me = c.rank();
   if (n == 1) return;
   const size_t es = w.elem();
+  const size_t seg = std::max<size_t>(1, kSegmentBytes / es);
   const size_t most = *std::max_element(counts, counts + n);
-  std::vector<uint8_t> tmp(most * es);
+  uint8_t* tmp = c.scratch(most * es);
   const int right = (me + 1) % n, left = (me + n - 1) % n;
   for (int s = 0; s < n - 1; ++s) {
     const int sendIdx = ((me - 1 - s) % n + n) % n;
     const int recvIdx = ((me - 2 - s) % n + n) % n;
-    c.recv(left, step0 + s, tmp.data(), counts[recvIdx] * es);
-    c.send(right, step0 + s, blocks[sendIdx], counts[sendIdx] * es);
-    c.wait();
-    if (counts[recvIdx]) {
-      const void* srcs[2] = {blocks[recvIdx], tmp.data()};
-      reduce::reduceN(w.type, w.kernelOp, blocks[recvIdx], srcs, 2, counts[recvIdx]);
+    const size_t first = c.posted();
+    for (size_t off = 0; off < counts[recvIdx]; off += seg) {
+      c.recv(left, step0 + s, tmp + off * es, std::min(seg, counts[recvIdx] - off) * es);
     }
+    for (size_t off = 0; off < counts[sendIdx]; off += seg) {
+      c.send(right, step0 + s, blocks[sendIdx] + off * es,
+             std::min(seg, counts[sendIdx] - off) * es);
+    }
+    size_t k = first;
+    for (size_t off = 0; off < counts[recvIdx]; off += seg, ++k) {
+      const size_t len = std::min(seg, counts[recvIdx] - off);
+      c.waitPosted(k);
+      uint8_t* mine = blocks[recvIdx] + off * es;
+      const void* srcs[2] = {mine, tmp + off * es};
+      reduce::reduceN(w.type, w.kernelOp, mine, srcs, 2, len);
+    }
+    c.wait();
   }
 }
 

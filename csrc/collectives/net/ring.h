@@ -11,6 +11,10 @@ namespace braid {
 namespace collectives {
 namespace net {
 
+// Bytes per message of a ring step (ringReduceScatter); equal on every rank
+// by construction.
+constexpr size_t kSegmentBytes = 1 << 20;
+
 // The type partial results travel in: float32 for float16/bfloat16 SUM, AVG
 // and PRODUCT (rounded once at the end), else the op's own type.
 struct WorkType {
