@@ -277,6 +277,9 @@ TEST(NetErrors, HeaderMismatchesFailEveryRankAndKeepTheGroup) {
   auto d = [](OpKind k, size_t count, DataType t = DataType::kFloat32, int root = 0,
               ReduceOp op = ReduceOp::kSum) { return desc(k, count, t, root, op); };
   expectMismatch(3, d(OpKind::kAllreduce, 8), d(OpKind::kAllreduce, 9), {"shape [8]", "[9]"});
+  // Note [Eager data]: one side sends no data, the other does; or a ring vs a direct op
+  expectMismatch(3, d(OpKind::kAllreduce, 8), d(OpKind::kAllreduce, 0), {"shape [8]", "[0]"});
+  expectMismatch(3, d(OpKind::kAllreduce, 8), d(OpKind::kAllreduce, 1 << 20), {"[1048576]"});
   expectMismatch(3, d(OpKind::kAllreduce, 8), d(OpKind::kAllreduce, 8, DataType::kInt32),
                  {"float32", "int32"});
   expectMismatch(3, d(OpKind::kAllreduce, 8), d(OpKind::kBroadcast, 8), {"allreduce", "broadcast"});

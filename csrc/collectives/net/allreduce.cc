@@ -12,20 +12,19 @@ void allreduce(NetComm& c, const OpDesc& op, const void* in, void* out) {
   allreduceDirect(c, op, in, out);
 }
 
-// Every rank sends its input to every peer and reduces all n inputs in rank
-// order: one latency, (n-1) x the buffer sent per rank, the same bits on every
-// rank as the shm one-shot path.
+// Every rank sends its input to every peer, behind its header (Note [Eager
+// data]), and reduces all n inputs in rank order: one latency, (n-1) x the
+// buffer sent per rank, the same bits on every rank as the shm one-shot path.
 void allreduceDirect(NetComm& c, const OpDesc& op, const void* in, void* out) {
-  c.begin(op, NetAlgo::kDirect);
+  c.beginEager(op, NetAlgo::kDirect, in);
   const int n = c.size(), me = c.rank();
   const size_t bytes = op.bytes();
-  std::vector<uint8_t> peers(bytes * n);
+  uint8_t* peers = c.scratch(bytes * n);
   std::vector<const void*> srcs(n);
   for (int r = 0; r < n; ++r) {
-    srcs[r] = r == me ? in : peers.data() + r * bytes;
-    if (r != me) c.recv(r, 1, peers.data() + r * bytes, bytes);
+    srcs[r] = r == me ? in : peers + r * bytes;
+    if (r != me) c.recv(r, 1, peers + r * bytes, bytes);
   }
-  for (int s = 1; s < n; ++s) c.send((me + s) % n, 1, in, bytes);
   c.wait();
   if (op.count) reduceAll(op, out, srcs.data(), n, op.count);
 }

@@ -39,6 +39,7 @@ struct NetHeader {
   uint32_t reserved;
   uint64_t ringMin;  // BRAID_NET_ALLREDUCE_RING_MIN
   uint64_t hierMin;  // BRAID_HIER_ALLREDUCE_MIN (hier/hier_group.cc)
+  uint64_t eagerBytes;  // data that follow on step 1 (Note [Eager data])
   Shape shape;
   char message[kMessageBytes];
 };
@@ -142,13 +143,37 @@ void NetComm::fail(const Pending& p, const char* kind, const std::string& text, 
   throw Error(msg);
 }
 
-void NetComm::begin(const OpDesc& op, NetAlgo algo) {
+// Note [Eager data]
+// A small allreduce would cost two latencies: the header exchange, then the
+// data. Instead each rank sends its data right behind its header, before it
+// has seen anyone's (the eager protocol of MPI's small messages): the data
+// waits in the receiver's transport as an unexpected message until the check
+// passed and its receive is posted, so the op costs one latency. When the
+// check fails, the ranks that sent data said so in their headers (eager, with
+// the size in count), and every receiver takes exactly those messages before
+// it throws: no message is left behind and the group stays usable. A rank
+// that failed its argument checks sends a header alone.
+void NetComm::beginEager(const OpDesc& op, NetAlgo algo, const void* eager) {
+  start(op);
+  // A poison header goes alone.
+  checkedExchange(op, algo, op.localError.empty() && op.bytes() ? eager : nullptr);
+}
+
+void NetComm::start(const OpDesc& op) {
   ++opSeq_;
   opName_ = opName(op.kind);
   cur_ = op;
   if (!broken_.empty()) {
     BRAID_THROW(Error, opName_, rank_, "the group is unusable after an earlier error: ", broken_);
   }
+}
+
+void NetComm::begin(const OpDesc& op, NetAlgo algo) {
+  start(op);
+  checkedExchange(op, algo, nullptr);
+}
+
+void NetComm::checkedExchange(const OpDesc& op, NetAlgo algo, const void* eager) {
   // A reduction the kernels cannot run would throw mid-op and leave the peers
   // waiting: it fails in the header exchange instead, like an argument error.
   if (op.localError.empty() && reduces(op.kind) &&
@@ -159,12 +184,27 @@ void NetComm::begin(const OpDesc& op, NetAlgo algo) {
                   toString(op.dtype),
                   op.redop == ReduceOp::kPremulSum ? " (PREMUL_SUM: scale the input, pass SUM)" : "");
     cur_ = poisoned;
-    return exchangeHeaders(poisoned, NetAlgo::kHeaderOnly);
+    return exchangeHeaders(poisoned, NetAlgo::kHeaderOnly, nullptr);
   }
-  exchangeHeaders(op, algo);
+  exchangeHeaders(op, algo, eager);
 }
 
-void NetComm::exchangeHeaders(const OpDesc& op, NetAlgo algo) {
+void NetComm::consumeEager(const std::vector<uint8_t>& headers, size_t hb) {
+  size_t total = 0;
+  for (int p = 0; p < size_; ++p) {
+    if (p != rank_) total += reinterpret_cast<const NetHeader*>(headers.data() + p * hb)->eagerBytes;
+  }
+  uint8_t* sink = scratch(total);
+  for (int p = 0; p < size_; ++p) {
+    const uint64_t b = reinterpret_cast<const NetHeader*>(headers.data() + p * hb)->eagerBytes;
+    if (p == rank_ || !b) continue;
+    recv(p, 1, sink, b);
+    sink += b;
+  }
+  wait();  // our own eager sends too
+}
+
+void NetComm::exchangeHeaders(const OpDesc& op, NetAlgo algo, const void* eager) {
   const int n = size_;
   const size_t hb = sizeof(NetHeader) + 2 * n * sizeof(uint64_t);
   std::vector<uint8_t> all(n * hb, 0);
@@ -182,6 +222,7 @@ void NetComm::exchangeHeaders(const OpDesc& op, NetAlgo algo) {
   h->algo = static_cast<uint32_t>(algo);
   h->ringMin = cfg_.allreduceRingMin;
   h->hierMin = cfg_.hierAllreduceMin;
+  h->eagerBytes = eager ? op.bytes() : 0;
   h->shape = op.shape;
   size_t m = std::min(op.localError.size(), kMessageBytes - 1);
   std::memcpy(h->message, op.localError.data(), m);
@@ -197,8 +238,30 @@ void NetComm::exchangeHeaders(const OpDesc& op, NetAlgo algo) {
   for (int p = 0; p < n; ++p) {
     if (p != rank_) send(p, 0, h, hb);
   }
-  wait();
+  const size_t headerOps = posted();
+  if (eager) {
+    for (int p = 0; p < n; ++p) {
+      if (p != rank_) send(p, 1, eager, op.bytes());
+    }
+  }
+  for (size_t i = 0; i < headerOps; ++i) waitPosted(i);
+  if (!eager) pending_.clear();
+  try {
+    checkHeaders(op, algo, all, hb);
+  } catch (const Error&) {
+    consumeEager(all, hb);
+    throw;
+  }
+}
 
+void NetComm::checkHeaders(const OpDesc& op, NetAlgo algo, const std::vector<uint8_t>& all,
+                           size_t hb) {
+  const int n = size_;
+  auto at = [&](int r) { return reinterpret_cast<const NetHeader*>(all.data() + r * hb); };
+  auto sizes = [&](int r) {
+    return reinterpret_cast<const uint64_t*>(all.data() + r * hb + sizeof(NetHeader));
+  };
+  const NetHeader* h = at(rank_);
   // Note [Op headers]: every rank checks in the same order, so every rank
   // fails when any header differs from its own.
   const char* me = opName_;

@@ -108,6 +108,10 @@ class NetComm {
   // failed its checks, after telling the peers; a reduction the kernels do
   // not support, kPremulSum included, fails the same way on every rank).
   void begin(const OpDesc& op, NetAlgo algo);
+  // begin() that also sends op.bytes() of `eager` to every peer on step 1,
+  // right behind the header, without waiting for the check (Note [Eager
+  // data]); the caller then posts the step-1 receives and wait()s.
+  void beginEager(const OpDesc& op, NetAlgo algo, const void* eager);
 
   // Posts step `step` of the current op; wait() waits for everything posted.
   // Messages of 0 bytes are not sent: both ends skip them (sizes are agreed).
@@ -133,7 +137,14 @@ class NetComm {
   uint64_t tag(uint32_t step) const { return (opSeq_ << 24) | step; }
   [[noreturn]] void fail(const Pending& p, const char* kind, const std::string& text,
                          bool timeout, bool lost);
-  void exchangeHeaders(const OpDesc& op, NetAlgo algo);
+  void exchangeHeaders(const OpDesc& op, NetAlgo algo, const void* eager);
+  void checkHeaders(const OpDesc& op, NetAlgo algo, const std::vector<uint8_t>& headers,
+                    size_t headerBytes);
+  void start(const OpDesc& op);
+  void checkedExchange(const OpDesc& op, NetAlgo algo, const void* eager);
+  // After a failed check: takes the eager data that peers announced (so the
+  // group stays in step), then returns.
+  void consumeEager(const std::vector<uint8_t>& headers, size_t headerBytes);
   void waitOne(const Pending& p);
 
   transport::Transport& t_;
