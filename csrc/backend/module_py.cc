@@ -61,7 +61,8 @@ py::dict buildInfo() {
 #else
   d["cuda"] = false;
 #endif
-  d["transports"] = std::vector<std::string>{"shm"};
+  // Within a host and between hosts (Note [Choosing a group's transport]).
+  d["transports"] = std::vector<std::string>{"shm", "tcp"};
   // Note [One pybind11 per process] (CMakeLists.txt): the headers used.
   d["pybind11"] = std::to_string(PYBIND11_VERSION_MAJOR) + "." +
                   std::to_string(PYBIND11_VERSION_MINOR) + "." + PYBIND11_TOSTRING(PYBIND11_VERSION_PATCH);
