@@ -197,6 +197,10 @@ def test_gloo_and_braid_across_hosts(nhosts, per_host):
             continue
         if BRAID_ACROSS_HOSTS == "works":
             assert o["results"]["braid"] == "ok", o
+            # DDP trains the same on both: the same losses, to float32 rounding of the sums.
+            assert len(o["losses"]["braid"]) == len(o["losses"]["gloo"]) == 5, o["losses"]
+            for got, want in zip(o["losses"]["braid"], o["losses"]["gloo"]):
+                assert abs(got - want) <= 1e-5 * max(1.0, abs(want)), o["losses"]
         else:
             msg = o["results"]["braid"]
             assert "group spans hosts" in msg, o

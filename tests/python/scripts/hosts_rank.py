@@ -4,7 +4,8 @@
 
 Rank 0 hosts a TCPStore on STORE_ADDR (host 0's address); every rank joins the default
 group (the first backend) through it, then a group of each further backend over all ranks.
-On each group: allreduce, broadcast and allgather, checked against closed forms. Prints one
+On each group: allreduce, broadcast and allgather, checked against closed forms, then five DDP
+steps whose losses the test compares between backends. Prints one
 JSON line: {"rank", "host", "results": {backend: "ok" | the error}}. A backend whose group
 cannot be made (braid across hosts, until its TCP transport) reports the error and the next
 backend still runs.
@@ -36,6 +37,26 @@ def collectives(group, rank, n):
         assert torch.equal(o, torch.full((3,), r, dtype=torch.int64)), f"allgather[{r}]: {o}"
 
 
+def ddp_losses(group, rank):
+    """Five DDP steps of a small model (the same seed and data on every backend); the losses.
+    The buckets (1 MiB) take braid's hierarchical allreduce across hosts."""
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Linear(64, 512), torch.nn.ReLU(), torch.nn.Linear(512, 8))
+    ddp = torch.nn.parallel.DistributedDataParallel(model, process_group=group,
+                                                    bucket_cap_mb=1)
+    opt = torch.optim.SGD(ddp.parameters(), lr=0.1)
+    g = torch.Generator().manual_seed(100 + rank)
+    losses = []
+    for _ in range(5):
+        x, y = torch.randn(16, 64, generator=g), torch.randn(16, 8, generator=g)
+        loss = torch.nn.functional.mse_loss(ddp(x), y)
+        opt.zero_grad()
+        loss.backward()
+        opt.step()
+        losses.append(loss.item())
+    return losses
+
+
 def main():
     rank, n, addr, port = int(sys.argv[1]), int(sys.argv[2]), sys.argv[3], int(sys.argv[4])
     backends = sys.argv[5].split(",")
@@ -53,15 +74,17 @@ def main():
             groups[be] = dist.new_group(backend=be, timeout=timeout)
         except Exception as e:  # noqa: BLE001  reported, not raised
             results[be] = f"{type(e).__name__}: {e}"
+    losses = {}
     for be, group in groups.items():
         try:
             collectives(group, rank, n)
+            losses[be] = ddp_losses(group, rank)
             results[be] = "ok"
         except Exception as e:  # noqa: BLE001
             results[be] = f"{type(e).__name__}: {e}"
     dist.barrier()  # rank 0's store must outlive every rank's last use of it
-    print(json.dumps({"rank": rank, "host": socket.gethostname(), "results": results}),
-          flush=True)
+    print(json.dumps({"rank": rank, "host": socket.gethostname(), "results": results,
+                      "losses": losses}), flush=True)
     os._exit(0)  # a failed backend's half-made group must not hang the exit
 
 
