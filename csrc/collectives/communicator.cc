@@ -7,6 +7,7 @@
 #include <sstream>
 #include <string>
 
+#include "collectives/op_header.h"
 #include "common/error.h"
 
 namespace braid {
@@ -32,7 +33,6 @@ namespace collectives {
 namespace {
 
 constexpr uint32_t kHeaderMagic = 0x62686472;  // "bhdr"
-constexpr size_t kMessageBytes = 256;
 constexpr size_t kMetaOffset = 512;  // alltoall sizes follow the header
 constexpr size_t kAutoChunkBytes = 256 << 10;
 
@@ -48,14 +48,7 @@ size_t chooseChunkBytes(uint64_t set, size_t slotBytes, int size) {
 
 // The header as it sits in shared memory. See Note [Op headers].
 struct WireHeader {
-  uint32_t magic;
-  uint32_t kind;
-  uint64_t opSeq;
-  uint32_t dtype;
-  uint32_t redop;
-  int32_t root;
-  int32_t failed;
-  uint64_t count;
+  OpHeader op;  // compared by checkOpHeader (Note [Op headers])
   uint64_t maxSendBytes;
   uint64_t inAddr;
   uint64_t outAddr;
@@ -67,8 +60,6 @@ struct WireHeader {
   uint64_t directMin;     // BRAID_DIRECT_MIN_BYTES
   uint64_t chunkSetting;  // BRAID_CHUNK_BYTES as set (0: automatic)
   uint64_t chunkBytes;    // the chunk size in use (Note [Chunk size and direct reads])
-  Shape shape;
-  char message[kMessageBytes];
 };
 static_assert(sizeof(WireHeader) <= kMetaOffset, "header overlaps the size table");
 
@@ -186,24 +177,13 @@ uint64_t Communicator::nextStep() {
 
 void Communicator::writeHeader(const OpDesc& op, uint64_t step, Algo algo) {
   auto* h = reinterpret_cast<WireHeader*>(window_->control(rank_, step));
-  h->magic = kHeaderMagic;
-  h->kind = static_cast<uint32_t>(op.kind);
-  h->opSeq = opSeq_;
-  h->dtype = static_cast<uint32_t>(op.dtype);
-  h->redop = static_cast<uint32_t>(op.redop);
-  h->root = op.root;
-  h->count = op.count;
-  h->shape = op.shape;
+  fillOpHeader(&h->op, kHeaderMagic, op, opSeq_);
   h->algo = static_cast<uint32_t>(algo);
   h->directOps = cfg_.directOps;
   h->oneShotMax = oneShotMax(op.kind, cfg_);
   h->directMin = cfg_.directMinBytes;
   h->chunkSetting = cfg_.chunkBytes;
   h->chunkBytes = chunkBytes_;
-  h->failed = op.localError.empty() ? 0 : 1;
-  size_t n = std::min(op.localError.size(), kMessageBytes - 1);
-  std::memcpy(h->message, op.localError.data(), n);
-  h->message[n] = '\0';
   h->maxSendBytes = 0;
   h->inAddr = op.inAddr;
   h->outAddr = op.outAddr;
@@ -245,39 +225,11 @@ void Communicator::exchange(const OpDesc& op, uint64_t step) {
 
 void Communicator::checkPeer(const OpDesc& op, int peer, uint64_t step) {
   const WireHeader* h = headerAt(*window_, peer, step);
+  const WireHeader* mine = headerAt(*window_, rank_, step);
   const char* me = opName(op.kind);
-  if (h->magic != kHeaderMagic) {
-    BRAID_THROW(Error, me, rank_, "rank ", peer, " sent a corrupt op header (op #", opSeq_, ")");
-  }
-  if (h->failed) {
-    BRAID_THROW(Error, me, rank_, "rank ", peer, " failed this op: ", h->message);
-  }
-  if (h->kind != static_cast<uint32_t>(op.kind)) {
-    BRAID_THROW(Error, me, rank_, "rank ", peer, " called ",
-                opName(static_cast<OpKind>(h->kind)), " at this point (op #", opSeq_,
-                "), this rank ", me);
-  }
-  if (h->opSeq != opSeq_) {
-    BRAID_THROW(Error, me, rank_, "rank ", peer, " is at op #", h->opSeq, ", this rank at op #",
-                opSeq_);
-  }
-  auto peerType = static_cast<DataType>(h->dtype);
-  if (h->dtype != static_cast<uint32_t>(op.dtype) || h->count != op.count ||
-      !(h->shape == op.shape)) {
-    BRAID_THROW(Error, me, rank_, "rank ", peer, " passed shape ", h->shape.str(), " (",
-                toString(peerType), "), this rank shape ", op.shape.str(), " (",
-                toString(op.dtype), ")");
-  }
-  if (h->root != op.root) {
-    BRAID_THROW(Error, me, rank_, "rank ", peer, " passed root ", h->root, ", this rank root ",
-                op.root);
-  }
-  if (h->redop != static_cast<uint32_t>(op.redop)) {
-    BRAID_THROW(Error, me, rank_, "rank ", peer, " passed reduce op ",
-                toString(static_cast<ReduceOp>(h->redop)), ", this rank ", toString(op.redop));
-  }
+  checkOpHeader(me, rank_, peer, h->op, mine->op);
   // Compared with what this rank wrote into its own header for this step.
-  checkSettings(me, rank_, peer, op.kind, *h, *headerAt(*window_, rank_, step));
+  checkSettings(me, rank_, peer, op.kind, *h, *mine);
 }
 
 uint64_t Communicator::maxAnnouncedBytes(uint64_t step) {

@@ -174,24 +174,35 @@ def test_dead_peer_is_reported_quickly():
 
 
 def _init_other_host(ctx):
+    torch = ctx.torch
+    ctx.dist.init_process_group(ctx.backend, store=ctx.store("spans"), rank=ctx.rank,
+                                world_size=ctx.size, timeout=ctx.timeout)
+    t = torch.full((1,), float(ctx.rank + 1))
+    ctx.dist.all_reduce(t)
+    big = torch.full((300001,), float(ctx.rank + 1))  # the ring, in 1 MiB segments
+    ctx.dist.all_reduce(big)
     try:
-        ctx.dist.init_process_group(ctx.backend, store=ctx.store("spans"), rank=ctx.rank,
-                                    world_size=ctx.size, timeout=ctx.timeout)
+        ctx.dist.all_reduce(torch.ones(3 + ctx.rank))
+        mismatch = None
     except RuntimeError as e:
-        return str(e)
+        mismatch = str(e)
+    ctx.dist.barrier()
     ctx.dist.destroy_process_group()
-    return None
+    return t.item(), [big[0].item(), big[-1].item()], mismatch
 
 
 @pytest.mark.braid_only
-def test_group_spanning_hosts_is_refused():
+def test_group_spanning_hosts_runs_over_tcp():
+    """Rank 1 claims another host: the group runs over TCP (through loopback here; real
+    hosts are simulated in test_hosts*.py), and a mismatch still fails both ranks."""
     world = H.World(2, init=False, name="hosts",
                     rank_env={1: {"BRAID_HOST_ID_OVERRIDE": "some-other-host"}})
     try:
-        messages = world.run(_init_other_host)
+        results = world.run(_init_other_host)
     finally:
         codes = world.close()
-    for r, message in enumerate(messages):
-        with pytest.raises(RuntimeError, match=rf"braid init \(rank {r}\): group spans hosts"):
-            raise_outcome(message)
-    assert codes == {0: 0, 1: 0}, f"exit codes after the refused init: {codes}"
+    for r, (small, large, mismatch) in enumerate(results):
+        assert small == 3.0 and large == [3.0, 3.0], (r, small, large)
+        with pytest.raises(RuntimeError, match=r"passed shape \[\d\] \(float32\), this rank shape"):
+            raise_outcome(mismatch)
+    assert codes == {0: 0, 1: 0}, f"exit codes: {codes}"

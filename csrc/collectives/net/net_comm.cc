@@ -5,6 +5,7 @@
 
 #include "common/error.h"
 #include "common/settings.h"
+#include "collectives/op_header.h"
 #include "collectives/reduce_share.h"
 #include "reduce/reduce.h"
 
@@ -21,27 +22,17 @@ BRAID_SETTING_INT(kRingMin, "BRAID_NET_ALLREDUCE_RING_MIN", 64 << 10,
 namespace {
 
 constexpr uint32_t kNetMagic = 0x6e686472;  // "nhdr"
-constexpr size_t kMessageBytes = 256;
 
 // One rank's header as it travels (Note [Collectives over messages]); followed
 // by 2 * size() uint64: alltoall's send sizes, then its receive sizes (zeros
 // for other ops), so that every header of a group has the same size.
 struct NetHeader {
-  uint32_t magic;
-  uint32_t kind;
-  uint64_t opSeq;
-  uint32_t dtype;
-  uint32_t redop;
-  int32_t root;
-  int32_t failed;
-  uint64_t count;
+  OpHeader op;  // compared by checkOpHeader (Note [Op headers])
   uint32_t algo;
   uint32_t reserved;
-  uint64_t ringMin;  // BRAID_NET_ALLREDUCE_RING_MIN
-  uint64_t hierMin;  // BRAID_HIER_ALLREDUCE_MIN (hier/hier_group.cc)
+  uint64_t ringMin;     // BRAID_NET_ALLREDUCE_RING_MIN
+  uint64_t hierMin;     // BRAID_HIER_ALLREDUCE_MIN (hier/hier_group.cc)
   uint64_t eagerBytes;  // data that follow on step 1 (Note [Eager data])
-  Shape shape;
-  char message[kMessageBytes];
 };
 
 bool reduces(OpKind k) {
@@ -211,21 +202,11 @@ void NetComm::exchangeHeaders(const OpDesc& op, NetAlgo algo, const void* eager)
   auto at = [&](int r) { return reinterpret_cast<NetHeader*>(all.data() + r * hb); };
   auto sizes = [&](int r) { return reinterpret_cast<uint64_t*>(all.data() + r * hb + sizeof(NetHeader)); };
   NetHeader* h = at(rank_);
-  h->magic = kNetMagic;
-  h->kind = static_cast<uint32_t>(op.kind);
-  h->opSeq = opSeq_;
-  h->dtype = static_cast<uint32_t>(op.dtype);
-  h->redop = static_cast<uint32_t>(op.redop);
-  h->root = op.root;
-  h->failed = op.localError.empty() ? 0 : 1;
-  h->count = op.count;
+  fillOpHeader(&h->op, kNetMagic, op, opSeq_);
   h->algo = static_cast<uint32_t>(algo);
   h->ringMin = cfg_.allreduceRingMin;
   h->hierMin = cfg_.hierAllreduceMin;
   h->eagerBytes = eager ? op.bytes() : 0;
-  h->shape = op.shape;
-  size_t m = std::min(op.localError.size(), kMessageBytes - 1);
-  std::memcpy(h->message, op.localError.data(), m);
   if (op.kind == OpKind::kAlltoall && op.sendBytes && op.recvBytes) {
     for (int j = 0; j < n; ++j) {
       sizes(rank_)[j] = op.sendBytes[j];
@@ -265,40 +246,15 @@ void NetComm::checkHeaders(const OpDesc& op, NetAlgo algo, const std::vector<uin
   // Note [Op headers]: every rank checks in the same order, so every rank
   // fails when any header differs from its own.
   const char* me = opName_;
-  if (h->failed) throw Error(op.localError);
+  if (h->op.failed) throw Error(op.localError);
+  // Failures first, so that a rank's argument error is what every rank reports.
   for (int p = 0; p < n; ++p) {
-    const NetHeader* o = at(p);
-    BRAID_ENFORCE(o->magic == kNetMagic, me, rank_, "rank ", p, " sent a header with magic ",
-                  o->magic, ", expected ", kNetMagic);
-    if (o->failed) {
-      BRAID_THROW(Error, me, rank_, "rank ", p, " failed its argument checks: ",
-                  std::string(o->message, strnlen(o->message, kMessageBytes)));
-    }
+    const OpHeader& o = at(p)->op;
+    if (o.failed || o.magic != kNetMagic) checkOpHeader(me, rank_, p, o, h->op);
   }
   for (int p = 0; p < n; ++p) {
     const NetHeader* o = at(p);
-    if (o->kind != h->kind) {
-      BRAID_THROW(Error, me, rank_, "rank ", p, " runs ", opName(static_cast<OpKind>(o->kind)),
-                  " as op #", o->opSeq, ", this rank ", me);
-    }
-    if (o->opSeq != h->opSeq) {
-      BRAID_THROW(Error, me, rank_, "rank ", p, " is at op #", o->opSeq, ", this rank at op #",
-                  h->opSeq);
-    }
-    if (o->dtype != h->dtype || o->count != h->count || !(o->shape == h->shape)) {
-      BRAID_THROW(Error, me, rank_, "rank ", p, " passed shape ", o->shape.str(), " (",
-                  toString(static_cast<DataType>(o->dtype)), ", ", o->count,
-                  " elements), this rank shape ", h->shape.str(), " (", toString(op.dtype), ", ",
-                  h->count, " elements)");
-    }
-    if (o->root != h->root) {
-      BRAID_THROW(Error, me, rank_, "rank ", p, " passed root ", o->root, ", this rank root ",
-                  h->root);
-    }
-    if (o->redop != h->redop) {
-      BRAID_THROW(Error, me, rank_, "rank ", p, " passed reduce op ",
-                  toString(static_cast<ReduceOp>(o->redop)), ", this rank ", toString(op.redop));
-    }
+    checkOpHeader(me, rank_, p, o->op, h->op);
     if (usesRingMin(op.kind) && o->ringMin != h->ringMin) {
       BRAID_THROW(Error, me, rank_, "rank ", p, " runs with BRAID_NET_ALLREDUCE_RING_MIN=",
                   o->ringMin, ", this rank with BRAID_NET_ALLREDUCE_RING_MIN=", h->ringMin,

@@ -1,0 +1,41 @@
+// The fields every op header starts with, whatever carries it (the shared
+// memory window's header step, or the network's header exchange), and the one
+// comparison both use (Note [Op headers] in communicator.h).
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+
+#include "collectives/communicator.h"
+
+namespace braid {
+namespace collectives {
+
+constexpr size_t kOpMessageBytes = 256;
+
+struct OpHeader {
+  uint32_t magic;
+  uint32_t kind;
+  uint64_t opSeq;
+  uint32_t dtype;
+  uint32_t redop;
+  int32_t root;
+  int32_t failed;  // the rank failed its argument checks: `message` says why
+  uint64_t count;
+  Shape shape;
+  char message[kOpMessageBytes];
+};
+
+// Fills `h` from `op`, this rank's op number `seq`; a failed op carries
+// op.localError (cut to fit).
+void fillOpHeader(OpHeader* h, uint32_t magic, const OpDesc& op, uint64_t seq);
+
+// Throws an Error naming `op`, `rank` and both values at the first field in
+// which `theirs` (rank `peer`'s) differs from `mine`: the magic, the peer's
+// own failure, then the op's kind, number, dtype/count/shape, root and reduce
+// op. The settings that shape an op are each transport's to compare.
+void checkOpHeader(const char* op, int rank, int peer, const OpHeader& theirs,
+                   const OpHeader& mine);
+
+}  // namespace collectives
+}  // namespace braid
