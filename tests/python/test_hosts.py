@@ -3,9 +3,9 @@
     /usr/bin/python3 -m pytest -q -p no:cacheprovider tests/python/test_hosts.py
 
 The helper itself: hostnames, /dev/shm per host, reachability, the tbf cap, teardown. Then
-jobs across hosts: gloo (2 hosts x 2 ranks, 3 hosts x 1 rank) through a TCPStore on host 0,
-braid in the same processes (refused across hosts until its TCP transport: BRAID_ACROSS_HOSTS
-says what to expect), and torchrun --nnodes=2 with the c10d rendezvous. Needs root; skipped
+jobs across hosts: gloo and braid (2 hosts x 2 ranks, 3 hosts x 1 rank) through a TCPStore on
+host 0, checked against closed forms and DDP's losses compared, and torchrun --nnodes=2 with the
+c10d rendezvous. Needs root; skipped
 with the reason where namespaces cannot be made.
 """
 
@@ -30,10 +30,6 @@ RANK_SCRIPT = os.path.join(H.REPO, "tests", "python", "scripts", "hosts_rank.py"
 TORCHRUN_SCRIPT = os.path.join(H.REPO, "tests", "python", "scripts", "torchrun_allreduce.py")
 JOB_TIMEOUT_S = 120
 PORT = 29500  # free: nothing else listens in a run's own namespaces
-# What braid does in a group that spans hosts: "refused" (init fails with "group spans hosts"
-# on every rank) until its TCP transport is integrated; then "works" (the same collectives
-# as gloo, checked the same way).
-BRAID_ACROSS_HOSTS = "works"
 
 
 @pytest.fixture
@@ -195,16 +191,11 @@ def test_gloo_and_braid_across_hosts(nhosts, per_host):
         assert o["results"]["gloo"] == "ok", o
         if "braid" not in backends:
             continue
-        if BRAID_ACROSS_HOSTS == "works":
-            assert o["results"]["braid"] == "ok", o
-            # DDP trains the same on both: the same losses, to float32 rounding of the sums.
-            assert len(o["losses"]["braid"]) == len(o["losses"]["gloo"]) == 5, o["losses"]
-            for got, want in zip(o["losses"]["braid"], o["losses"]["gloo"]):
-                assert abs(got - want) <= 1e-5 * max(1.0, abs(want)), o["losses"]
-        else:
-            msg = o["results"]["braid"]
-            assert "group spans hosts" in msg, o
-            assert all(f"braid-h{k}" in msg for k in range(nhosts)), msg
+        assert o["results"]["braid"] == "ok", o
+        # DDP trains the same on both: the same losses, to float32 rounding of the sums.
+        assert len(o["losses"]["braid"]) == len(o["losses"]["gloo"]) == 5, o["losses"]
+        for got, want in zip(o["losses"]["braid"], o["losses"]["gloo"]):
+            assert abs(got - want) <= 1e-5 * max(1.0, abs(want)), o["losses"]
 
 
 @pytest.mark.skipif(bool(H.torchrun_unusable()), reason=str(H.torchrun_unusable()))
@@ -241,7 +232,7 @@ def test_torchrun_two_nodes_with_c10d_rendezvous(tmp_path):
 
 # ---- benchmarks/collectives.py --hosts ------------------------------------------------------
 def test_benchmark_places_ranks_on_hosts_and_reports_each_backend(tmp_path):
-    """A tiny --hosts 2 sweep: gloo is timed; braid's refusal is reported, not fatal."""
+    """A tiny --hosts 2 sweep: both backends are timed, ranks on their hosts."""
     backends = ["braid", "gloo"] if H.BACKEND == "braid" else ["gloo"]
     js = tmp_path / "hosts.json"
     cmd = [sys.executable, os.path.join(H.REPO, "benchmarks", "collectives.py"), "--nprocs", "2",
@@ -271,11 +262,8 @@ def test_benchmark_places_ranks_on_hosts_and_reports_each_backend(tmp_path):
     for size in (4, 65536):
         assert res[("gloo", size)]["status"] == "ok" and res[("gloo", size)]["time_us"] > 0
         if "braid" in backends:
-            want = "ok" if BRAID_ACROSS_HOSTS == "works" else "unsupported"
-            assert res[("braid", size)]["status"] == want, res[("braid", size)]
-    if "braid" in backends and BRAID_ACROSS_HOSTS == "refused":
-        assert "group spans hosts" in report["runs"][0]["init_failed"]["braid"]
-        assert "# braid: not measured: group creation failed on 2 of 2 ranks" in p.stdout
+            assert res[("braid", size)]["status"] == "ok", res[("braid", size)]
+            assert res[("braid", size)]["time_us"] > 0
 
 
 def test_a_terminated_owner_tears_down_and_a_killed_ones_leftovers_are_found():

@@ -7,7 +7,7 @@ group (the first backend) through it, then a group of each further backend over 
 On each group: allreduce, broadcast and allgather, checked against closed forms, then five DDP
 steps whose losses the test compares between backends. Prints one
 JSON line: {"rank", "host", "results": {backend: "ok" | the error}}. A backend whose group
-cannot be made (braid across hosts, until its TCP transport) reports the error and the next
+cannot be made reports the error and the next
 backend still runs.
 """
 
