@@ -4,6 +4,7 @@
 
 #include "common/cpu_relax.h"
 #include "common/error.h"
+#include "common/exit_guard.h"
 #include "common/logging.h"
 #include "common/settings.h"
 #include "common/thread_name.h"
@@ -133,6 +134,7 @@ void Engine::loop() {
       job = takeFront(q);
     }
     runTaken(q, job, false);
+    dropOrLeak(job);  // Note [Dropping Python objects at exit]
   }
 }
 

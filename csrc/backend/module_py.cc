@@ -6,6 +6,7 @@
 
 #include "backend/engine.h"
 #include "backend/process_group.h"
+#include "common/exit_guard.h"
 #include "backend/python_parts.h"
 #include "common/settings.h"
 #include "reduce/reduce.h"
@@ -143,6 +144,8 @@ PYBIND11_MODULE(_C, m) {
   braid::setBlockingCallWrapper(&releaseGilAround);
   m.doc() = "braid: a shared-memory c10d backend for PyTorch";
   m.attr("__version__") = BRAID_VERSION;
+  // Note [Dropping Python objects at exit]: torch_braid registers it with atexit.
+  m.def("_begin_exit", [] { braid::beginExit(); }, py::call_guard<py::gil_scoped_release>());
   py::object base = py::module::import("torch._C._distributed_c10d")
                         .attr(braid::compat::pythonBaseClassName());
   using Holder = braid::python::NoGilHolder<braid::ProcessGroupBraid>;

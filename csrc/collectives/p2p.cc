@@ -4,6 +4,7 @@
 #include <cstring>
 
 #include "common/error.h"
+#include "common/exit_guard.h"
 #include "common/thread_name.h"
 
 namespace braid {
@@ -123,11 +124,13 @@ void P2PEngine::forget(Recv* r) {
 void P2PEngine::complete(Send& s, std::exception_ptr e) {
   auto done = std::move(s.done);
   runDone(inCallback_, done, e, rank_);
+  dropOrLeak(done);  // Note [Dropping Python objects at exit]
 }
 
 void P2PEngine::complete(Recv& r, std::exception_ptr e, int source) {
   auto done = std::move(r.done);
   runDone(inCallback_, done, e, source);
+  dropOrLeak(done);
 }
 
 bool P2PEngine::progressSends() {

@@ -61,6 +61,12 @@ _register()
 _monitored_barrier.install()  # dist.monitored_barrier accepts braid groups
 _destroy.install()  # dist.destroy_process_group ends braid's threads on every torch
 
+import atexit as _atexit  # noqa: E402
+
+# Note [Dropping Python objects at exit] (csrc/common/exit_guard.h): before the interpreter
+# finalizes, braid's threads stop dropping tensors (which would take the GIL and be ended).
+_atexit.register(_C._begin_exit)
+
 def __getattr__(name):
     # torch_braid.fr loads on first use, so that `python -m torch_braid.fr`
     # does not find it imported already.

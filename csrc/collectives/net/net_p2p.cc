@@ -1,6 +1,7 @@
 #include "collectives/net/net_p2p.h"
 
 #include "common/error.h"
+#include "common/exit_guard.h"
 #include "common/thread_name.h"
 
 namespace braid {
@@ -27,7 +28,7 @@ void NetP2P::shutdown() {
 // Runs on whichever thread completes the request (Note [A stalled progress
 // thread] reads the clock).
 transport::Request::Callback NetP2P::wrap(Done done, int source) {
-  return [done = std::move(done), source, since = inCallback_](std::exception_ptr e) {
+  return [done = std::move(done), source, since = inCallback_](std::exception_ptr e) mutable {
     if (!done) return;
     since->store(transport::Clock::now().time_since_epoch().count(), std::memory_order_relaxed);
     try {
@@ -37,6 +38,7 @@ transport::Request::Callback NetP2P::wrap(Done done, int source) {
       throw;
     }
     since->store(0, std::memory_order_relaxed);
+    dropOrLeak(done);  // Note [Dropping Python objects at exit]
   };
 }
 
