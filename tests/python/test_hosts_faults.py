@@ -429,6 +429,19 @@ def survivors_checks(job, ranks, t_fault, what, lost_host="braid-h1", timed=True
     return problems, named
 
 
+def regroup_checks(job):
+    """Host 0's ranks made a new braid group among themselves after the failure (a fresh
+    store prefix), allreduced right, and left no thread or socket after its destroy."""
+    problems = []
+    for r in range(PER_HOST):
+        again = (job.report(r) or {}).get("reinit")
+        if not again or again["bad_results"] or again["iterations"] != 2:
+            problems.append(f"rank {r}: the new group: {again}")
+        else:
+            problems += check_clean(again, "after the new group's destroy")
+    return problems
+
+
 def test_host_killed_mid_allreduce_then_survivors_regroup(hosts2, tmp_path):
     """SIGKILL of host 1's ranks during 16 MiB allreduces (hierarchical): host 0's ranks raise
     within T + 1 s naming the lost rank on 'braid-h1', destroy their group, create a new one
@@ -449,28 +462,19 @@ def test_host_killed_mid_allreduce_then_survivors_regroup(hosts2, tmp_path):
     problems += more
     if not named:
         problems.append("no survivor names a lost rank on braid-h1")
-    for r in range(PER_HOST):
-        rep = job.report(r)
-        re_ = rep and rep.get("reinit")
-        if not re_:
-            problems.append(f"rank {r}: no re-init report")
-            continue
-        if re_["bad_results"] or re_["iterations"] != 2:
-            problems.append(f"rank {r}: re-init results: {re_}")
-        problems += check_clean(re_, "after the new group's destroy")
+    problems += regroup_checks(job)
     problems += job.finish()
     assert not problems, "\n".join(problems) + "\n" + job.dump()
 
 
-def run_fault(hosts, tmp_path, inject, what, args=(), env=None):
-    """A job looping over allreduces; `inject(job)` injects the fault once every rank loops
-    and returns the ranks expected to survive it. Returns (job, t_fault, survivors)."""
-    job = Job(hosts, tmp_path, "loop", list(args), env=dict({"BRAID_SECRET": SECRET},
-                                                            **(env or {})))
+def run_fault(hosts, tmp_path, inject, args=()):
+    """A job (with a secret) looping over allreduces; `inject(job)` injects the fault once
+    every rank loops. Returns the job and the time of the fault."""
+    job = Job(hosts, tmp_path, "loop", list(args), env={"BRAID_SECRET": SECRET})
     job.wait_looping()
     t_fault = time.monotonic()
-    survivors = inject(job)
-    return job, t_fault, survivors
+    inject(job)
+    return job, t_fault
 
 
 @pytest.mark.slow
@@ -479,8 +483,8 @@ def test_link_down_mid_allreduce(hosts2, tmp_path):
     Host 0's ranks time out within T + 1 s naming a rank on 'braid-h1'; host 1's ranks lose
     their peers the same way; every process exits 0 within EXIT_S, nothing left; host 0's
     ranks then regroup."""
-    job, t_fault, _ = run_fault(hosts2, tmp_path, lambda job: hosts2.set_link(1, up=False),
-                                "link down", ["reinit=1"])
+    job, t_fault = run_fault(hosts2, tmp_path, lambda job: hosts2.set_link(1, up=False),
+                             ["reinit=1"])
     late = job.wait(range(WORLD), t_fault + EXIT_S)
     problems = [f"rank {r} did not exit within {EXIT_S} s of the fault" for r in late]
     more, named = survivors_checks(job, range(PER_HOST), t_fault, "link down: host 0")
@@ -492,12 +496,7 @@ def test_link_down_mid_allreduce(hosts2, tmp_path):
     problems += more
     if not named:
         problems.append("no rank of host 1 names a lost rank on braid-h0")
-    for r in range(PER_HOST):
-        re_ = (job.report(r) or {}).get("reinit")
-        if not re_ or re_["bad_results"] or re_["iterations"] != 2:
-            problems.append(f"rank {r}: re-init: {re_}")
-        elif check_clean(re_):
-            problems += check_clean(re_, "after the new group's destroy")
+    problems += regroup_checks(job)
     problems += job.finish()
     assert not problems, "\n".join(problems) + "\n" + job.dump()
 
@@ -511,7 +510,7 @@ def test_stopped_host_mid_allreduce(hosts2, tmp_path):
         for pid in job.pids(1):
             os.kill(pid, signal.SIGSTOP)
 
-    job, t_fault, _ = run_fault(hosts2, tmp_path, stop, "stopped")
+    job, t_fault = run_fault(hosts2, tmp_path, stop)
     late = job.wait(range(PER_HOST), t_fault + EXIT_S)
     problems = [f"rank {r} did not exit within {EXIT_S} s of the fault" for r in late]
     for pid in job.pids(1):
@@ -586,7 +585,7 @@ def test_connections_reset_mid_allreduce(hosts2, tmp_path):
         assert len(killed) <= len(conns), (conns, p.stdout)
         return conns
 
-    job, t_fault, _ = run_fault(hosts2, tmp_path, reset, "connections reset", ["reinit=1"])
+    job, t_fault = run_fault(hosts2, tmp_path, reset, ["reinit=1"])
     late = job.wait(range(WORLD), t_fault + EXIT_S)
     problems = [f"rank {r} did not exit within {EXIT_S} s of the reset" for r in late]
     named = set()
@@ -597,5 +596,6 @@ def test_connections_reset_mid_allreduce(hosts2, tmp_path):
         named |= n
     if (victim, "braid-h1") not in named:
         problems.append(f"no rank names rank {victim} on braid-h1")
+    problems += regroup_checks(job)
     problems += job.finish()
     assert not problems, "\n".join(problems) + "\n" + job.dump()
