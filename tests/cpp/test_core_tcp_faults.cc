@@ -79,9 +79,29 @@ TEST_F(TcpFaults, WrongSecretIsRefusedNamingThePeerWithinTheTimeout) {
   EXPECT_HAS(errors[1], "rank 0 at 127.0.0.1:");
   EXPECT_HAS(errors[1], "failed authentication");
   EXPECT_HAS(errors[0], "timed out");
+  EXPECT_HAS(errors[0], "(not connected: rank 1 at 127.0.0.1:");
   EXPECT_HAS(errors[0], "refused a connection from 127.0.0.1:");
   EXPECT_HAS(errors[0], "claiming rank 1");
   EXPECT_HAS(log, "refused a connection from 127.0.0.1:");
+}
+
+TEST_F(TcpFaults, AnAcceptorThatLosesAPeerFirstStillSaysWhatItRefused) {
+  // Ranks 0 and 1 share a secret, rank 2 has another. Rank 1 refuses rank 2
+  // and, before its own deadline, loses rank 0 (whose deadline is earlier):
+  // its error is rank 0's departure, and the refusal says why the group failed.
+  auto base = tcpOptions("lost-first");
+  auto errors = connectErrors(3, [&](int r) {
+    auto o = base;
+    o.timeout = std::chrono::milliseconds(r == 0 ? 500 : 5000);
+    if (r == 2) o.secret = "another-secret";
+    return o;
+  });
+  EXPECT_HAS(errors[2], "failed authentication");
+  EXPECT_HAS(errors[0], "timed out");
+  EXPECT_HAS(errors[1], "rank 0 at 127.0.0.1:");
+  EXPECT_HAS(errors[1], "closed the connection; tcp accept (rank 1): refused a connection from "
+                        "127.0.0.1:");
+  EXPECT_HAS(errors[1], "(claiming rank 2): closed the connection after this rank's challenge");
 }
 
 TEST_F(TcpFaults, SecretOnOneSideOnlyIsRefusedSayingSo) {

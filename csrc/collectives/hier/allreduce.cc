@@ -26,19 +26,28 @@ OpDesc stageOp(const OpDesc& op, OpKind kind, ReduceOp redop, size_t count) {
   return s;
 }
 
-// Runs one stage; its errors say which stage of which op failed, and keep
-// their type (a timeout or a lost peer breaks the group).
-template <typename F>
-void stage(const char* what, F&& f) {
+// Runs one stage; its errors keep their type (a timeout or a lost peer breaks
+// the group) and lead with what the caller ran: the op, this rank and the
+// world's op number, as every other error of the group does. The stage's own
+// error follows, in its sub-group's terms (its rank numbers and op count),
+// which the head translates (built only on failure).
+template <typename H, typename F>
+void stage(H&& head, F&& f) {
   try {
     f();
   } catch (const TimeoutError& e) {
-    throw TimeoutError(strCat("allreduce (", what, "): ", e.what()));
+    throw TimeoutError(head() + e.what());
   } catch (const PeerLostError& e) {
-    throw PeerLostError(strCat("allreduce (", what, "): ", e.what()));
+    throw PeerLostError(head() + e.what());
   } catch (const Error& e) {
-    throw Error(strCat("allreduce (", what, "): ", e.what()));
+    throw Error(head() + e.what());
   }
+}
+
+std::string rankList(const std::vector<int>& ranks) {
+  std::string s;
+  for (size_t i = 0; i < ranks.size(); ++i) s += strCat(i ? ", " : "", ranks[i]);
+  return s;
 }
 
 }  // namespace
@@ -81,18 +90,35 @@ void HierGroup::allreduceStages(const OpDesc& op, const void* in, void* out) {
     ++k;
   }
 
+  // "braid allreduce (rank 5): op #7, stage 2 of 3 (...): braid allreduce (rank 1): op #3 ..."
+  auto head = [&](int n) {
+    std::string where;
+    if (n == 2) {
+      std::vector<int> peers;
+      for (int k = 0; k < topo_.numHosts(); ++k) peers.push_back(topo_.ranksOn(k)[l]);
+      where = strCat("allreduce across hosts, among ranks ", rankList(peers),
+                     ", where this rank is rank ", topo_.host(), " of ", topo_.numHosts());
+    } else {
+      where = strCat(n == 1 ? "reduce-scatter" : "allgather", " within this host, among ranks ",
+                     rankList(topo_.ranksOn(topo_.host())), ", where this rank is rank ", l,
+                     " of ", L);
+    }
+    return errorText("allreduce", rank(), "op #", world_->opCount(), ", stage ", n, " of 3 (",
+                     where, "): ");
+  };
+
   std::vector<uint8_t> mine(q * es);
-  stage("stage 1 of 3, reduce-scatter within the host", [&] {
+  stage([&] { return head(1); }, [&] {
     local_->reduceScatter(stageOp(op, OpKind::kReduceScatter, red, q), ins.data(), mine.data());
   });
   const size_t v = valid(l);
-  stage("stage 2 of 3, allreduce across hosts", [&] {
+  stage([&] { return head(2); }, [&] {
     net::allreduce(*cross_, stageOp(op, OpKind::kAllreduce, red, v), mine.data(), mine.data());
   });
   if (op.redop == ReduceOp::kAvg && v) {
     reduce::divide(op.dtype, mine.data(), mine.data(), size(), v);
   }
-  stage("stage 3 of 3, allgather within the host", [&] {
+  stage([&] { return head(3); }, [&] {
     local_->allgather(stageOp(op, OpKind::kAllgather, red, q), mine.data(), outs.data());
   });
   for (int r = 0, k = 0; r < L; ++r) {

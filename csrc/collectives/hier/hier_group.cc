@@ -61,15 +61,33 @@ HierGroup::HierGroup(transport::Store& store, const transport::Topology& topo,
 
   const int L = topo.localSize(), l = topo.localRank(), h = topo.host();
   if (L > 1 && evenHosts(topo)) {
-    transport::PrefixedStore shmStore(store, strCat("shm/", h, "/"));
-    transport::shm::WindowOptions w;
-    w.timeout = opts.timeout;
-    local_ = std::make_unique<ShmGroup>(transport::shm::ShmWindow::create(shmStore, l, L, w));
     std::vector<int> peers;
     for (int k = 0; k < topo.numHosts(); ++k) peers.push_back(topo.ranksOn(k)[l]);
-    transport::PrefixedStore crossStore(store, strCat("tcp/cross", l, "/"));
-    crossT_ = transport::tcp::connect(crossStore, h, topo.numHosts(),
-                                      tcpOptions(topo, opts, strCat("cross", l), peers));
+    // The sub-groups' errors number ranks as the sub-group does: say which.
+    auto sub = [&](const char* what, const std::vector<int>& ranks, int as, auto&& make) {
+      try {
+        make();
+      } catch (const Error& e) {
+        std::string list;
+        for (size_t i = 0; i < ranks.size(); ++i) list += strCat(i ? ", " : "", ranks[i]);
+        std::string head = errorText("init", rank, "creating the ", what, " among ranks ", list,
+                                     ", where this rank is rank ", as, " of ", ranks.size(), ": ");
+        if (dynamic_cast<const TimeoutError*>(&e)) throw TimeoutError(head + e.what());
+        if (dynamic_cast<const PeerLostError*>(&e)) throw PeerLostError(head + e.what());
+        throw Error(head + e.what());
+      }
+    };
+    sub("shared-memory group of this host", topo.ranksOn(h), l, [&] {
+      transport::PrefixedStore shmStore(store, strCat("shm/", h, "/"));
+      transport::shm::WindowOptions w;
+      w.timeout = opts.timeout;
+      local_ = std::make_unique<ShmGroup>(transport::shm::ShmWindow::create(shmStore, l, L, w));
+    });
+    sub("TCP group across hosts", peers, h, [&] {
+      transport::PrefixedStore crossStore(store, strCat("tcp/cross", l, "/"));
+      crossT_ = transport::tcp::connect(crossStore, h, topo.numHosts(),
+                                        tcpOptions(topo, opts, strCat("cross", l), peers));
+    });
     cross_ = std::make_unique<net::NetComm>(*crossT_, cfg);
   } else if (L > 1) {
     BRAID_LOG(kInfo, "init", rank) << "hosts run different numbers of ranks (" << topo.describe()

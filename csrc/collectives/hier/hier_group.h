@@ -30,7 +30,11 @@
 // transport is aborted, so the ranks on other hosts see this rank leave and
 // fail at once; the ranks of this host that wait for it in a shared-memory
 // stage fail at their deadline. Errors across hosts name the peer's rank,
-// host and address (TcpOptions::peerNames).
+// host and address (TcpOptions::peerNames). An allreduce stage's error leads
+// with what the caller ran ("braid allreduce (rank 5): op #7, stage 2 of 3
+// (allreduce across hosts, among ranks 1, 5, where this rank is rank 1 of
+// 2): ") and goes on with the stage's own error, which numbers ranks and ops
+// as its sub-group does (local and cross groups have ranks 0..L-1, 0..H-1).
 #pragma once
 
 #include <memory>

@@ -136,12 +136,27 @@ void TcpTransport::retryMemoryWaiters() {
 }
 
 void TcpTransport::updateConnected() {
+  // Eagerly, connect's timeout names the peers still missing; lazily, one is enough to know.
+  const bool eager = opt_.connect == ConnectMode::kEager;
+  std::vector<int> missing;
   for (auto& p : pairs_) {
     for (auto s : p->slots) {
-      if (s != Pair::Slot::kReady) return;
+      if (s != Pair::Slot::kReady) {
+        missing.push_back(p->peer);
+        break;
+      }
     }
+    if (!missing.empty() && !eager) return;
   }
+  std::string names;
+  constexpr size_t kNamed = 8;
+  for (size_t i = 0; i < missing.size() && i < kNamed; ++i) {
+    names += (i ? ", " : "") + peerName(missing[i]);
+  }
+  if (missing.size() > kNamed) names += strCat(" and ", missing.size() - kNamed, " more");
   std::lock_guard<std::mutex> lock(mu_);
+  notConnected_ = names;
+  if (!missing.empty()) return;
   if (!connected_) {
     connected_ = true;
     cv_.notify_all();

@@ -92,12 +92,17 @@ void TcpTransport::start(Store& store) {
 void TcpTransport::waitConnected(Clock::time_point deadline) {
   std::unique_lock<std::mutex> lock(mu_);
   bool done = cv_.wait_until(lock, deadline, [&] { return connected_ || !connectError_.empty(); });
-  if (!connectError_.empty()) throw PeerLostError(connectError_);
+  // The connections this rank refused go with either failure: when ranks of
+  // two hosts have different secrets, an acceptor's own failure is often a
+  // peer of its host that gave up first ("closed the connection"), and the
+  // refusals are what says why.
+  std::string refused;
+  for (const auto& r : rejections_) refused += "; " + r;
+  if (!connectError_.empty()) throw PeerLostError(connectError_ + refused);
   if (done) return;
-  std::string why = strCat("braid tcp connect (rank ", rank_, "): timed out after ",
-                           opt_.timeout.count(), " ms waiting for every peer's sockets");
-  for (const auto& r : rejections_) why += "; " + r;
-  throw TimeoutError(why);
+  throw TimeoutError(strCat("braid tcp connect (rank ", rank_, "): timed out after ",
+                            opt_.timeout.count(), " ms waiting for every peer's sockets (not "
+                            "connected: ", notConnected_, ")", refused));
 }
 
 std::string TcpTransport::peerName(int p) const {

@@ -108,7 +108,8 @@ class TcpTransport : public Transport {
   std::string abortWhy_;
   bool connected_ = false;  // eager: every pair ready
   std::string connectError_;
-  std::vector<std::string> rejections_;  // recent refused connections, for timeout messages
+  std::string notConnected_;  // eager: the peers whose sockets are not all ready yet
+  std::vector<std::string> rejections_;  // recent refused connections, for connect errors
 
   // Progress thread only.
   std::vector<std::unique_ptr<Pair>> pairs_;
