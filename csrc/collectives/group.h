@@ -38,6 +38,11 @@ class PointToPoint {
   // See Note [A stalled progress thread] (p2p.h).
   using CallbackClock = std::shared_ptr<std::atomic<int64_t>>;
 
+  // Runs `done` (unless empty) with the clock set while it runs, then drops
+  // it (Note [Dropping Python objects at exit]); rethrows what it throws.
+  static void runDone(const CallbackClock& since, Done& done, std::exception_ptr error,
+                      int source);
+
   virtual ~PointToPoint() = default;
   virtual void postSend(int dst, int tag, const void* data, size_t bytes,
                         transport::Clock::time_point deadline, std::chrono::milliseconds timeout,

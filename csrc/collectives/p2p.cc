@@ -4,7 +4,6 @@
 #include <cstring>
 
 #include "common/error.h"
-#include "common/exit_guard.h"
 #include "common/thread_name.h"
 
 namespace braid {
@@ -100,22 +99,6 @@ void P2PEngine::postRecv(int src, int tag, void* data, size_t bytes,
   w_.notifyActivity();
 }
 
-namespace {
-// Runs a Done callback, telling waiters that the thread is in one (Note [A
-// stalled progress thread]).
-void runDone(const P2PEngine::CallbackClock& since, P2PEngine::Done& done, std::exception_ptr e,
-             int source) {
-  if (!done) return;
-  since->store(transport::Clock::now().time_since_epoch().count(), std::memory_order_relaxed);
-  try {
-    done(e, source);
-  } catch (...) {
-    since->store(0, std::memory_order_relaxed);
-    throw;
-  }
-  since->store(0, std::memory_order_relaxed);
-}
-}  // namespace
 
 void P2PEngine::forget(Recv* r) {
   recvs_.remove_if([r](const std::unique_ptr<Recv>& p) { return p.get() == r; });
@@ -124,13 +107,11 @@ void P2PEngine::forget(Recv* r) {
 void P2PEngine::complete(Send& s, std::exception_ptr e) {
   auto done = std::move(s.done);
   runDone(inCallback_, done, e, rank_);
-  dropOrLeak(done);  // Note [Dropping Python objects at exit]
 }
 
 void P2PEngine::complete(Recv& r, std::exception_ptr e, int source) {
   auto done = std::move(r.done);
   runDone(inCallback_, done, e, source);
-  dropOrLeak(done);
 }
 
 bool P2PEngine::progressSends() {

@@ -126,3 +126,15 @@ def torch2():
 def require_torch2():
     if harness.torch_major() < 2:
         pytest.skip("needs torch 2.x")
+
+
+@pytest.fixture
+def hosts2():
+    """Two simulated hosts (tools/hosts.py), torn down after the test, nothing left."""
+    sys.path.insert(0, os.path.join(harness.REPO, "tools"))
+    import hosts as hosts_mod
+
+    h = hosts_mod.Hosts(2)
+    yield h
+    h.teardown()
+    assert hosts_mod.leftovers(h.prefix) == []

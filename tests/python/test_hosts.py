@@ -32,14 +32,6 @@ JOB_TIMEOUT_S = 120
 PORT = 29500  # free: nothing else listens in a run's own namespaces
 
 
-@pytest.fixture
-def hosts2():
-    h = hosts_mod.Hosts(2)
-    yield h
-    h.teardown()
-    assert hosts_mod.leftovers(h.prefix) == []
-
-
 def on(hosts, k, script, **kw):
     """Runs a Python snippet on host k; its stdout."""
     p = subprocess.run(hosts.cmd(k, [sys.executable, "-c", script]), capture_output=True,

@@ -180,14 +180,6 @@ class Job:
         return problems
 
 
-@pytest.fixture
-def hosts2():
-    h = hosts_mod.Hosts(2)
-    yield h
-    h.teardown()
-    assert hosts_mod.leftovers(h.prefix) == []
-
-
 def check_clean(rep, what="after destroy"):
     """A survivor's report: no braid thread, no socket of braid's left."""
     problems = []

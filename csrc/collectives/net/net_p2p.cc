@@ -1,7 +1,6 @@
 #include "collectives/net/net_p2p.h"
 
 #include "common/error.h"
-#include "common/exit_guard.h"
 #include "common/thread_name.h"
 
 namespace braid {
@@ -29,16 +28,7 @@ void NetP2P::shutdown() {
 // thread] reads the clock).
 transport::Request::Callback NetP2P::wrap(Done done, int source) {
   return [done = std::move(done), source, since = inCallback_](std::exception_ptr e) mutable {
-    if (!done) return;
-    since->store(transport::Clock::now().time_since_epoch().count(), std::memory_order_relaxed);
-    try {
-      done(e, source);
-    } catch (...) {
-      since->store(0, std::memory_order_relaxed);
-      throw;
-    }
-    since->store(0, std::memory_order_relaxed);
-    dropOrLeak(done);  // Note [Dropping Python objects at exit]
+    runDone(since, done, e, source);
   };
 }
 
