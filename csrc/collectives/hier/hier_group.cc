@@ -58,6 +58,11 @@ HierGroup::HierGroup(transport::Store& store, const transport::Topology& topo,
   transport::PrefixedStore worldStore(store, "tcp/world/");
   worldT_ = transport::tcp::connect(worldStore, rank, n, tcpOptions(topo, opts, "world", all));
   world_ = std::make_unique<net::NetComm>(*worldT_, cfg);
+  // Note [Point-to-point across hosts]: sockets of their own, made on first use.
+  auto p2pOpts = tcpOptions(topo, opts, "p2p", all);
+  p2pOpts.connect = transport::tcp::ConnectMode::kLazy;
+  transport::PrefixedStore p2pStore(store, "tcp/p2p/");
+  p2pT_ = transport::tcp::connect(p2pStore, rank, n, p2pOpts);
 
   const int L = topo.localSize(), l = topo.localRank(), h = topo.host();
   if (L > 1 && evenHosts(topo)) {
@@ -143,16 +148,18 @@ void HierGroup::markBroken(const std::string& why) {
   // deadline (Note [Collectives across hosts]).
   worldT_->abort(why);
   if (crossT_) crossT_->abort(why);
+  p2pT_->abort(why);
 }
 
 PointToPoint& HierGroup::p2p() {
-  std::call_once(p2pOnce_, [this] { p2p_ = std::make_unique<net::NetP2P>(*worldT_); });
+  std::call_once(p2pOnce_, [this] { p2p_ = std::make_unique<net::NetP2P>(*p2pT_); });
   return *p2p_;
 }
 
 void HierGroup::abort() {
   worldT_->abort("the group was shut down");
   if (crossT_) crossT_->abort("the group was shut down");
+  if (p2pT_) p2pT_->abort("the group was shut down");
   if (local_) local_->abort();
 }
 
@@ -161,6 +168,7 @@ void HierGroup::close() {
   if (local_) local_->close();
   if (crossT_) crossT_->close();
   if (worldT_) worldT_->close();
+  if (p2pT_) p2pT_->close();
 }
 
 }  // namespace collectives

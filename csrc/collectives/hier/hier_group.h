@@ -3,7 +3,9 @@
 // Note [Collectives across hosts]
 // Three groups carry a HierGroup's traffic, all made when it is created:
 //  - world: a TCP transport among all ranks (transport/tcp), with a NetComm
-//    (collectives/net) and the point-to-point messages (net_p2p.h);
+//    (collectives/net);
+//  - p2p: another TCP transport among all ranks, connected pair by pair on
+//    first use, for send/recv (net_p2p.h, Note [Point-to-point across hosts]);
 //  - local: the ranks of this host over shared memory (a ShmGroup), when the
 //    host runs more than one of the group's ranks;
 //  - cross: a TCP transport among the ranks that have this rank's local rank
@@ -89,7 +91,7 @@ class HierGroup : public Group {
   void allreduceStages(const OpDesc& op, const void* in, void* out);
 
   const transport::Topology topo_;
-  std::unique_ptr<transport::Transport> worldT_, crossT_;
+  std::unique_ptr<transport::Transport> worldT_, crossT_, p2pT_;
   std::unique_ptr<net::NetComm> world_, cross_;
   std::unique_ptr<ShmGroup> local_;
   std::once_flag p2pOnce_;

@@ -1,10 +1,16 @@
 // Point-to-point messages over a message Transport (groups across hosts).
 //
 // Note [Point-to-point across hosts]
-// Sends and receives map one to one onto the transport's tagged messages, in
-// a tag space of their own (bit 63 set; the collectives' tags never reach it,
-// Note [Collectives over messages]), so the transport's per-source, in-order
-// matching is c10d's. Two things differ from shared memory (p2p.h):
+// Sends and receives map one to one onto the transport's tagged messages, so
+// the transport's per-source, in-order matching is c10d's. The transport is
+// the group's own for p2p, not the collectives' (HierGroup connects it pair by
+// pair on first use): a large send whose receive is posted late fills the
+// receiver's unexpected-message budget and then waits in its sockets (TCP flow
+// control), and on shared sockets the collectives' messages would queue behind
+// it, so a collective issued meanwhile would wait for that receive. The tags
+// still have a space of their own (bit 63 set; the collectives' never reach
+// it, Note [Collectives over messages]). Two things differ from shared memory
+// (p2p.h):
 //  - a receive from any source is refused: the transport matches per source;
 //  - a transport cannot take back a posted receive, so an op that passes its
 //    deadline cannot just be dropped (its late message would land in the next
