@@ -16,8 +16,9 @@ across hosts] in the script). A failing case names itself: op, dtype, reduce op,
 the first differing index and both values. After each job: no process, no namespace, nothing
 in any host's /dev/shm. Run with -s for each job's timings, traffic and expected errors.
 
-Fast tier: 2 hosts x 2 ranks, 3 hosts x 1 rank. Slow tier: 2 hosts x 3 ranks, and 3 ranks on
-2 hosts (2 + 1), where the hosts differ in size and every op runs over TCP among all ranks.
+Fast tier: 2 hosts x 2 ranks, 3 hosts x 1 rank. Slow tier: 2 hosts x 3 ranks, 3 hosts x 2
+ranks, and 3 ranks on 2 hosts (2 + 1 and 1 + 2), where the hosts differ in size and every op
+runs over TCP among all ranks.
 """
 
 import json
@@ -117,6 +118,8 @@ def check(place, outs):
     pytest.param([1, 1, 1], id="3x1"),
     pytest.param([3, 3], id="2x3", marks=pytest.mark.slow),
     pytest.param([2, 1], id="2+1", marks=pytest.mark.slow),
+    pytest.param([1, 2], id="1+2", marks=pytest.mark.slow),  # the store's host is the small one
+    pytest.param([2, 2, 2], id="3x2", marks=pytest.mark.slow),  # cross groups of three
 ])
 def test_braid_matches_gloo_across_hosts(per_host, tmp_path):
     place, outs = run_job(per_host, tmp_path, timeout=300)

@@ -249,7 +249,10 @@ class Matrix:
             if self.braid_call(lambda: dist.all_gather(outs, mine, group=self.braid)):
                 for r in range(self.n):
                     self.compare(f"all_gather[{r}]", outs[r], want[r])
-        into = getattr(dist, "all_gather_into_tensor", None) or dist._all_gather_base
+        # The flat form's name: all_gather_single (torch 2.14), all_gather_into_tensor (its
+        # deprecated name since), _all_gather_base (1.13).
+        into = (getattr(dist, "all_gather_single", None)
+                or getattr(dist, "all_gather_into_tensor", None) or dist._all_gather_base)
         for name, count, inplace in (("float32", 1001, False), ("int32", 70001, True),
                                      ("bfloat16", 1, True)):
             self.start(f"all_gather_into_tensor dtype={name} count={count}"
@@ -333,7 +336,8 @@ class Matrix:
             if self.braid_call(lambda: dist.reduce_scatter(out, [m.clone() for m in mine],
                                                            op=redop, group=self.braid)):
                 self.compare("reduce_scatter", out, want, tol=op == "AVG")
-        rs = getattr(dist, "reduce_scatter_tensor", None) or dist._reduce_scatter_base
+        rs = (getattr(dist, "reduce_scatter_single", None)
+              or getattr(dist, "reduce_scatter_tensor", None) or dist._reduce_scatter_base)
         for name, op, count, inplace in (("float32", "SUM", 1001, False),
                                          ("int64", "MIN", 70001, True),
                                          ("float16", "SUM", 3, True)):
@@ -396,7 +400,9 @@ class Matrix:
                     dist.all_to_all(outs, [t.clone() for t in ins], group=group)
                     return outs
 
-                want = self.reference(lambda: lists(self.gloo, 0), lambda: closed)
+                # gloo's list form (torch 2.x; 1.13 has none) takes equal sizes only.
+                want = self.reference(lambda: lists(self.gloo, 0), lambda: closed,
+                                      lacks=not even)
                 got = []
                 if self.braid_call(lambda: got.append(lists(self.braid, 9))):
                     for j in range(n):
@@ -664,12 +670,18 @@ class Matrix:
                            f"redop={op} count={count}")
                 dtype = self.dt(name)
                 ins = [H.make_input(r, count, dtype, op, 9) for r in ranks]
-                t, g = ins[me].clone(), ins[me].clone()
-                dist.all_reduce(g, op=H.reduce_op(op), group=gg)
+                closed = H.closed_form(ins, op, k)
+
+                def gloo():
+                    g = ins[me].clone()
+                    dist.all_reduce(g, op=H.reduce_op(op), group=gg)
+                    return g
+
+                want = self.reference(gloo, lambda: closed)
+                t = ins[me].clone()
                 if self.braid_call(lambda: dist.all_reduce(t, op=H.reduce_op(op), group=bg)):
-                    self.compare("subgroup all_reduce", t, g)
-                    self.compare("subgroup all_reduce (closed form)", t,
-                                 H.closed_form(ins, op, k))
+                    self.compare("subgroup all_reduce", t, want)
+                    self.compare("subgroup all_reduce (closed form)", t, closed)
             root = ranks[-1]  # a global rank, as torch's API takes
             self.start(f"subgroup {list(ranks)} on {where}: broadcast from {root}, all_gather")
             t = H.pattern(root, 55, 70001, torch.float32) if self.rank == root else \
