@@ -1,6 +1,8 @@
 // Allreduce in three stages (Note [Collectives across hosts]).
 #include <cstring>
+#include <exception>
 #include <memory>
+#include <string>
 #include <vector>
 
 #include "collectives/hier/hier_group.h"
@@ -26,18 +28,32 @@ OpDesc stageOp(const OpDesc& op, OpKind kind, ReduceOp redop, size_t count) {
   return s;
 }
 
-// Runs one stage; its errors say which stage of which op failed, and keep
-// their type (a timeout or a lost peer breaks the group).
+// "[2, 3]"
+std::string rankList(const std::vector<int>& ranks) {
+  std::string s = "[";
+  for (size_t i = 0; i < ranks.size(); ++i) s += strCat(i ? ", " : "", ranks[i]);
+  return s + "]";
+}
+
+// Runs one stage; its errors say which stage of which op failed on which
+// rank of the group, and keep their type (a timeout or a lost peer breaks the
+// group). A stage runs in a group of its own (the host's ranks, or one cross
+// group) whose errors number the ranks from 0 there: `ranks` are the group's
+// ranks in that order, so the message translates.
 template <typename F>
-void stage(const char* what, F&& f) {
+void stage(int rank, const char* what, const std::vector<int>& ranks, F&& f) {
+  auto text = [&](const std::exception& e) {
+    return errorText("allreduce", rank, what, " (ranks 0..", ranks.size() - 1,
+                     " there are this group's ranks ", rankList(ranks), "): ", e.what());
+  };
   try {
     f();
   } catch (const TimeoutError& e) {
-    throw TimeoutError(strCat("allreduce (", what, "): ", e.what()));
+    throw TimeoutError(text(e));
   } catch (const PeerLostError& e) {
-    throw PeerLostError(strCat("allreduce (", what, "): ", e.what()));
+    throw PeerLostError(text(e));
   } catch (const Error& e) {
-    throw Error(strCat("allreduce (", what, "): ", e.what()));
+    throw Error(text(e));
   }
 }
 
@@ -81,18 +97,22 @@ void HierGroup::allreduceStages(const OpDesc& op, const void* in, void* out) {
     ++k;
   }
 
+  std::vector<int> cross;
+  for (int k = 0; k < topo_.numHosts(); ++k) cross.push_back(topo_.ranksOn(k)[l]);
+  const std::vector<int>& here = topo_.ranksOn(topo_.host());
+
   std::vector<uint8_t> mine(q * es);
-  stage("stage 1 of 3, reduce-scatter within the host", [&] {
+  stage(rank(), "stage 1 of 3, reduce-scatter within the host", here, [&] {
     local_->reduceScatter(stageOp(op, OpKind::kReduceScatter, red, q), ins.data(), mine.data());
   });
   const size_t v = valid(l);
-  stage("stage 2 of 3, allreduce across hosts", [&] {
+  stage(rank(), "stage 2 of 3, allreduce across hosts", cross, [&] {
     net::allreduce(*cross_, stageOp(op, OpKind::kAllreduce, red, v), mine.data(), mine.data());
   });
   if (op.redop == ReduceOp::kAvg && v) {
     reduce::divide(op.dtype, mine.data(), mine.data(), size(), v);
   }
-  stage("stage 3 of 3, allgather within the host", [&] {
+  stage(rank(), "stage 3 of 3, allgather within the host", here, [&] {
     local_->allgather(stageOp(op, OpKind::kAllgather, red, q), mine.data(), outs.data());
   });
   for (int r = 0, k = 0; r < L; ++r) {
