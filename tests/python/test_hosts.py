@@ -5,12 +5,14 @@
 The helper itself: hostnames, /dev/shm per host, reachability, the tbf cap, teardown. Then
 jobs across hosts: gloo and braid (2 hosts x 2 ranks, 3 hosts x 1 rank) through a TCPStore on
 host 0, checked against closed forms and DDP's losses compared, and torchrun --nnodes=2 with the
-c10d rendezvous. Needs root; skipped
-with the reason where namespaces cannot be made.
+c10d rendezvous, with gloo and with braid. Needs root; skipped with the reason where namespaces
+cannot be made. The full matrix of braid's collectives against gloo's across hosts is
+test_hosts_collectives.py.
 """
 
 import json
 import os
+import secrets
 import signal
 import subprocess
 import sys
@@ -191,7 +193,11 @@ def test_gloo_and_braid_across_hosts(nhosts, per_host):
 
 
 @pytest.mark.skipif(bool(H.torchrun_unusable()), reason=str(H.torchrun_unusable()))
-def test_torchrun_two_nodes_with_c10d_rendezvous(tmp_path):
+@pytest.mark.parametrize("backend", ["gloo", pytest.param("braid", marks=pytest.mark.braid_only)])
+def test_torchrun_two_nodes_with_c10d_rendezvous(tmp_path, backend):
+    """torchrun --nnodes=2 --nproc_per_node=2: env:// init of `backend` over the rendezvous,
+    then allreduce, broadcast and allgather checked against closed forms on every rank
+    (scripts/torchrun_allreduce.py)."""
     import torch
 
     h = hosts_mod.Hosts(2)
@@ -201,8 +207,8 @@ def test_torchrun_two_nodes_with_c10d_rendezvous(tmp_path):
     cmd += ["--nnodes=2", "--nproc_per_node=2", "--rdzv_backend=c10d",
             f"--rdzv_endpoint={h.hostname(0)}:29400", "--rdzv_id=hosts-test",
             "--monitor_interval=0.5", TORCHRUN_SCRIPT]
-    env = dict(os.environ, BRAID_TEST_BACKEND="gloo", BRAID_TORCHRUN_OUT=str(tmp_path),
-               OMP_NUM_THREADS="1",
+    env = dict(os.environ, BRAID_TEST_BACKEND=backend, BRAID_TORCHRUN_OUT=str(tmp_path),
+               OMP_NUM_THREADS="1", BRAID_SECRET=secrets.token_hex(16),
                PYTHONPATH=H.PYTHON_DIR + os.pathsep + os.environ.get("PYTHONPATH", ""))
     agents = [subprocess.Popen(h.cmd(k, cmd), env=env, cwd=H.REPO, stdout=subprocess.PIPE,
                                stderr=subprocess.STDOUT, text=True) for k in range(2)]

@@ -17,10 +17,13 @@ if backend == "braid":
 dist.init_process_group(backend)  # env:// from torchrun: RANK, WORLD_SIZE, MASTER_*
 rank, n = dist.get_rank(), dist.get_world_size()
 assert rank == int(os.environ["RANK"]) and n == int(os.environ["WORLD_SIZE"])
+assert dist.get_backend() == backend, (dist.get_backend(), backend)
 
-t = torch.full((1000,), float(rank + 1))
-dist.all_reduce(t)
-assert torch.equal(t, torch.full((1000,), n * (n + 1) / 2)), t[:4]
+# 1000 elements, and 300007 (1.2 MB: across hosts, braid's three-stage allreduce).
+for count in (1000, 300007):
+    t = torch.full((count,), float(rank + 1))
+    dist.all_reduce(t)
+    assert torch.equal(t, torch.full((count,), n * (n + 1) / 2)), (count, t[:4])
 
 b = torch.arange(10) * (rank == n - 1)
 dist.broadcast(b, n - 1)
