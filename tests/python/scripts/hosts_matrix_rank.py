@@ -598,7 +598,7 @@ class Matrix:
                            f"last host")
                 t = torch.ones(theirs if odd else base)
                 self.expect_error(lambda: dist.all_reduce(t, group=self.braid),
-                                  r"all_?reduce", "elements", rf"\b{base}\b", rf"\b{theirs}\b")
+                                  r"all_?reduce", "shape", rf"\b{base}\b", rf"\b{theirs}\b")
         self.start("mismatch all_reduce: float32 on host 0, float64 on the last host")
         t = torch.ones(LARGE, dtype=torch.float64 if odd else torch.float32)
         self.expect_error(lambda: dist.all_reduce(t, group=self.braid), r"all_?reduce",
