@@ -59,7 +59,21 @@ void Request::complete(std::exception_ptr error) {
     cb = std::move(callback_);
     cv_.notify_all();
   }
-  if (cb) cb(error);
+  if (cb && !DeferredCallbacks::queue(cb, error)) cb(error);
+}
+
+namespace {
+thread_local DeferredCallbacks* innermost = nullptr;
+}  // namespace
+
+DeferredCallbacks::DeferredCallbacks() : outer_(innermost) { innermost = this; }
+
+DeferredCallbacks::~DeferredCallbacks() { innermost = outer_; }
+
+bool DeferredCallbacks::queue(Request::Callback& cb, std::exception_ptr error) {
+  if (!innermost) return false;
+  innermost->calls_.emplace_back(std::move(cb), std::move(error));
+  return true;
 }
 
 }  // namespace transport

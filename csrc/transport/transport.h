@@ -31,7 +31,10 @@
 //   Request is done (completed, failed, or the transport closed): the caller
 //   must neither free it nor, for a receive, read it before then.
 // - Completion callbacks run on the transport's progress thread, once, after
-//   the Request is done. They must not block; they may post new ops.
+//   the Request is done. They must not block; they may post new ops. (A
+//   posting thread that moves bytes itself, Note [Posting threads progress],
+//   hands the callbacks of what it completed to the progress thread through
+//   DeferredCallbacks.)
 // - close() (and the destructor) must not run concurrently with posts, nor
 //   inside a completion callback; it fails what is still pending and joins
 //   the progress thread.
@@ -46,6 +49,8 @@
 #include <memory>
 #include <mutex>
 #include <string>
+#include <utility>
+#include <vector>
 
 namespace braid {
 namespace transport {
@@ -84,6 +89,28 @@ class Request {
   // completing thread and the waiters (whose last release TSan could not order).
   enum class ErrorKind { kNone, kError, kTimeout, kPeerLost } errorKind_ = ErrorKind::kNone;
   std::string errorText_;
+};
+
+// While one lives on a thread, Request::complete on that thread wakes the
+// waiters as usual but queues the callback here instead of running it, so a
+// thread that completes ops on a transport's behalf never runs user code
+// while its caller holds locks of its own. Nests (the inner one collects).
+class DeferredCallbacks {
+ public:
+  using Call = std::pair<Request::Callback, std::exception_ptr>;
+  DeferredCallbacks();
+  ~DeferredCallbacks();  // restores the outer one; the queued calls must have been taken
+  DeferredCallbacks(const DeferredCallbacks&) = delete;
+  DeferredCallbacks& operator=(const DeferredCallbacks&) = delete;
+
+  std::vector<Call> take() { return std::move(calls_); }
+  bool empty() const { return calls_.empty(); }
+  // Request::complete's hook: queues on this thread's innermost one; false if none.
+  static bool queue(Request::Callback& cb, std::exception_ptr error);
+
+ private:
+  std::vector<Call> calls_;
+  DeferredCallbacks* outer_;
 };
 
 class Transport {

@@ -5,6 +5,9 @@
 #include <gtest/gtest.h>
 
 #include <algorithm>
+#include <atomic>
+#include <condition_variable>
+#include <mutex>
 #include <random>
 #include <thread>
 
@@ -152,6 +155,59 @@ TEST(TcpTransport, ManyConcurrentMessagesFromSeveralThreads) {
     }
     for (auto& t : threads) t.join();
   });
+}
+
+// Note [Posting threads progress]: a poster that finds the progress thread
+// idle writes its send itself, but callbacks still run on the progress
+// thread, never inside isend/irecv. A poster holding a lock that its own
+// callbacks take therefore does not deadlock, and a callback may post.
+TEST(TcpTransport, CallbacksRunOnTheProgressThreadWhenThePosterWrites) {
+  auto ts = connectGroup(2, [o = tcpOptions("inline")](int) { return o; });
+  const auto poster = std::this_thread::get_id();
+  std::mutex mu;
+  std::condition_variable cv;
+  int done = 0, reposted = 0;
+  std::atomic<int> onPoster{0};
+  std::vector<uint8_t> out = patterned(0, 1, 1, 64), in(64), echo(64), echoIn(64);
+  auto onDone = [&](std::exception_ptr e) {
+    EXPECT_FALSE(e);
+    if (std::this_thread::get_id() == poster) {
+      ++onPoster;  // taking `mu` here would deadlock: the poster holds it
+      return;
+    }
+    std::lock_guard<std::mutex> lock(mu);
+    ++done;
+    cv.notify_all();
+  };
+  std::shared_ptr<Request> r1, echoSend;
+  {
+    std::lock_guard<std::mutex> lock(mu);
+    // The receive is posted first and its message arrives on rank 1's
+    // progress thread; its callback posts a send back (a post from a callback).
+    r1 = ts[1]->irecv(0, 1, in.data(), in.size(), [&](std::exception_ptr e) {
+      EXPECT_FALSE(e);
+      echo = in;
+      echoSend = ts[1]->isend(0, 2, echo.data(), echo.size());
+      std::lock_guard<std::mutex> l(mu);
+      ++reposted;
+      cv.notify_all();
+    });
+    for (int k = 0; k < 50; ++k) ts[0]->isend(1, 100 + k, out.data(), out.size(), onDone);
+    ts[0]->isend(1, 1, out.data(), out.size(), onDone);
+  }
+  auto back = ts[0]->irecv(1, 2, echoIn.data(), echoIn.size());
+  back->wait(after(kWaitMs));
+  EXPECT_TRUE(echoIn == out);
+  std::vector<std::vector<uint8_t>> sink(50, std::vector<uint8_t>(64));
+  for (int k = 0; k < 50; ++k) ts[1]->irecv(0, 100 + k, sink[k].data(), 64)->wait(after(kWaitMs));
+  std::unique_lock<std::mutex> lock(mu);
+  EXPECT_EQ(onPoster.load(), 0) << "callbacks ran inside isend on the posting thread";
+  ASSERT_TRUE(cv.wait_for(lock, std::chrono::milliseconds(kWaitMs),
+                          [&] { return done + onPoster == 51 && reposted == 1; }))
+      << done << " of 51 send callbacks ran, " << reposted << " of 1 re-post";
+  lock.unlock();
+  echoSend->wait(after(kWaitMs));
+  for (auto& t : ts) t->close();
 }
 
 TEST(TcpTransport, SizeMismatchFailsTheReceiveNamingBothAndThePairGoesOn) {

@@ -47,46 +47,66 @@ void TcpTransport::loop() {
       aborted_ = true;
       abortWhy_ = why;
     }
+    std::lock_guard<std::mutex> io(ioMu_);
     teardown("aborted: " + why);
+    runDeferred();
   }
+  std::lock_guard<std::mutex> io(ioMu_);
   graveyard_.clear();
 }
 
 void TcpTransport::progress() {
-  if (opt_.connect == ConnectMode::kEager) {
-    for (int p = 0; p < rank_; ++p) activate(*pairs_[p]);
+  int timeoutMs;
+  {
+    std::lock_guard<std::mutex> io(ioMu_);
+    if (opt_.connect == ConnectMode::kEager) {
+      for (int p = 0; p < rank_; ++p) activate(*pairs_[p]);
+    }
+    updateConnected();
+    timeoutMs = pending_.empty() ? -1 : 100;
   }
-  updateConnected();
   epoll_event evs[64];
   for (;;) {
-    int n = epoll_wait(epollFd_, evs, 64, pending_.empty() ? -1 : 100);
-    for (int i = 0; i < n; ++i) {
-      auto* c = static_cast<Conn*>(evs[i].data.ptr);
-      if (c == &listenTag_) {
-        acceptAll();
-      } else if (c == &wakeTag_) {
-        uint64_t v;
-        (void)!::read(wakeFd_, &v, sizeof(v));
-      } else if (c->fd >= 0) {
-        onEvent(c, evs[i].events);
-      }
-    }
-    bool closing, aborted;
-    std::string why;
-    {
-      std::lock_guard<std::mutex> lock(mu_);
-      closing = closing_;
-      aborted = aborted_;
-      why = abortWhy_;
-    }
-    if (closing) break;
-    if (aborted) teardown("aborted: " + why);
-    adoptPosts();
-    if (shared_.memoryFreed) retryMemoryWaiters();
-    if (!pending_.empty()) expireHandshakes();
-    graveyard_.clear();
+    int n = epoll_wait(epollFd_, evs, 64, timeoutMs);
+    std::lock_guard<std::mutex> io(ioMu_);
+    Progressing mark(this);
+    if (!handleBatch(evs, n)) break;
+    // Read under ioMu_: a poster may have begun a handshake (lazy connect).
+    timeoutMs = pending_.empty() ? -1 : 100;
   }
+  std::lock_guard<std::mutex> io(ioMu_);
   teardown("the transport is closed");
+  runDeferred();
+}
+
+bool TcpTransport::handleBatch(const epoll_event* evs, int n) {
+  for (int i = 0; i < n; ++i) {
+    auto* c = static_cast<Conn*>(evs[i].data.ptr);
+    if (c == &listenTag_) {
+      acceptAll();
+    } else if (c == &wakeTag_) {
+      uint64_t v;
+      (void)!::read(wakeFd_, &v, sizeof(v));
+    } else if (c->fd >= 0) {
+      onEvent(c, evs[i].events);
+    }
+  }
+  bool closing, aborted;
+  std::string why;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    closing = closing_;
+    aborted = aborted_;
+    why = abortWhy_;
+  }
+  if (closing) return false;
+  if (aborted) teardown("aborted: " + why);
+  adoptPosts();
+  runDeferred();
+  if (shared_.memoryFreed) retryMemoryWaiters();
+  if (!pending_.empty()) expireHandshakes();
+  graveyard_.clear();
+  return true;
 }
 
 void TcpTransport::adoptPosts() {

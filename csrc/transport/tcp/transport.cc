@@ -142,22 +142,59 @@ std::shared_ptr<Request> TcpTransport::irecv(int src, uint64_t tag, void* data, 
   return req;
 }
 
+thread_local const TcpTransport* TcpTransport::Progressing::current = nullptr;
+
 void TcpTransport::post(Post p, const std::shared_ptr<Request>& req) {
   std::string refused;
+  bool wake = false;
   {
     std::lock_guard<std::mutex> lock(mu_);
     if (aborted_ || closing_) {
       refused = aborted_ ? "aborted: " + abortWhy_ : std::string("the transport is closed");
     } else {
-      bool wake = inbox_.empty();
+      wake = inbox_.empty();
       inbox_.emplace_back(std::move(p), req);
-      if (wake) {
-        uint64_t one = 1;
-        (void)!::write(wakeFd_, &one, sizeof(one));
-      }
     }
   }
-  if (!refused.empty()) req->complete(std::make_exception_ptr(Error(req->what() + ": " + refused)));
+  if (!refused.empty()) {
+    req->complete(std::make_exception_ptr(Error(req->what() + ": " + refused)));
+    return;
+  }
+  // Note [Posting threads progress]. Without the lock the progress thread
+  // may be past its adoptPosts already: then only the wake gets it there.
+  if (Progressing::current != this && ioMu_.try_lock()) {
+    std::lock_guard<std::mutex> io(ioMu_, std::adopt_lock);
+    adoptPostsHere();
+  } else if (wake) {
+    wakeProgress();
+  }
+}
+
+void TcpTransport::adoptPostsHere() {
+  Progressing mark(this);
+  DeferredCallbacks callbacks;
+  adoptPosts();
+  const bool leftWork =
+      !callbacks.empty() || !graveyard_.empty() || !pending_.empty() || shared_.memoryFreed;
+  if (!callbacks.empty()) {
+    std::lock_guard<std::mutex> lock(mu_);
+    for (auto& c : callbacks.take()) deferred_.push_back(std::move(c));
+  }
+  if (leftWork) wakeProgress();
+}
+
+void TcpTransport::wakeProgress() {
+  uint64_t one = 1;
+  (void)!::write(wakeFd_, &one, sizeof(one));
+}
+
+void TcpTransport::runDeferred() {
+  std::vector<DeferredCallbacks::Call> calls;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    calls.swap(deferred_);
+  }
+  for (auto& [cb, error] : calls) cb(error);
 }
 
 void TcpTransport::abort(const std::string& why) {
@@ -182,7 +219,10 @@ void TcpTransport::close() {
     }
   }
   if (thread_.joinable()) thread_.join();
-  teardown("the transport is closed");  // when the thread never ran
+  {
+    std::lock_guard<std::mutex> io(ioMu_);
+    teardown("the transport is closed");  // when the thread never ran
+  }
   std::lock_guard<std::mutex> lock(mu_);
   for (int* fd : {&listenFd_, &epollFd_, &wakeFd_}) {
     if (*fd >= 0) ::close(*fd);

@@ -11,15 +11,36 @@
 // (each acceptor applies that rule when the dialer has proved the secret, so
 // a stranger cannot take a socket away from a peer).
 //
-// Ownership and threads: callers touch only inbox_ and the flags under mu_;
-// everything else belongs to the progress thread. A socket (Conn) is owned by
+// Ownership and threads: callers touch inbox_ and the flags under mu_;
+// everything else belongs to whichever thread holds ioMu_: the progress
+// thread while it handles a batch of events, or a posting thread that found
+// it idle (Note [Posting threads progress]). A socket (Conn) is owned by
 // pending_ while it connects and authenticates, then by its Pair; a closed one
 // waits in graveyard_ until the current epoll batch is handled, since later
 // events of the same batch may still point at it (they see fd == -1).
 // A stranger's connection costs one fd and one fixed-size Handshake until its
 // deadline (TcpOptions::timeout); at most 1024 are kept, later ones are
 // closed at once.
+//
+// Note [Posting threads progress]
+// A small op's latency is mostly thread hand-offs: the poster queues the op,
+// wakes the progress thread, and that thread writes the socket. So a poster
+// that finds the progress thread idle (ioMu_ free: it sleeps in epoll_wait)
+// adopts the posts itself, on its own thread: a send is written before
+// isend returns, and a receive whose message is buffered completes there.
+// While it holds ioMu_ it is the progress thread in all but name, with two
+// limits. It runs no completion callback (DeferredCallbacks queues them for
+// the progress thread, since its caller may hold locks that a callback
+// takes), and it never frees a socket (graveyard_ is the progress thread's to
+// clear, as events of its current batch may point there). When it leaves
+// work behind for the progress thread (callbacks, a closed socket, a
+// handshake whose deadline the epoll timeout must cover), it wakes it. A
+// poster that finds ioMu_ held, or that posts from a callback on the
+// progress thread, queues and wakes as before. Halves the thread hand-offs of
+// a small allreduce across hosts (measured in benchmarks/results/).
 #pragma once
+
+#include <sys/epoll.h>
 
 #include <condition_variable>
 #include <list>
@@ -72,10 +93,23 @@ class TcpTransport : public Transport {
   void checkArgs(const char* op, int peer, const void* data, size_t bytes) const;
   void waitConnected(Clock::time_point deadline);
 
+  // Marks the thread as holding ioMu_ for this transport: a callback run
+  // under it that posts must not try to take it again.
+  struct Progressing {
+    explicit Progressing(const TcpTransport* t) : outer(current) { current = t; }
+    ~Progressing() { current = outer; }
+    const TcpTransport* outer;
+    static thread_local const TcpTransport* current;
+  };
+
   // Progress thread (tcp/loop.cc).
   void loop();
   void progress();
+  bool handleBatch(const epoll_event* evs, int n);  // false: closing
   void adoptPosts();
+  void adoptPostsHere();  // a poster's progress (Note [Posting threads progress])
+  void wakeProgress();
+  void runDeferred();
   void activate(Pair& p);
   void dial(Pair& p, int index);
   void acceptAll();
@@ -110,8 +144,10 @@ class TcpTransport : public Transport {
   std::string connectError_;
   std::string notConnected_;  // eager: the peers whose sockets are not all ready yet
   std::vector<std::string> rejections_;  // recent refused connections, for connect errors
+  std::vector<DeferredCallbacks::Call> deferred_;  // for the progress thread to run
 
-  // Progress thread only.
+  // Whoever holds ioMu_ (the progress thread, or a poster that found it idle).
+  std::mutex ioMu_;
   std::vector<std::unique_ptr<Pair>> pairs_;
   std::list<std::unique_ptr<Conn>> pending_;  // connecting or authenticating
   std::vector<std::unique_ptr<Conn>> graveyard_;  // closed during one epoll batch
