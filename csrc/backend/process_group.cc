@@ -6,7 +6,7 @@
 #include "backend/store_adapter.h"
 #include "backend/tensor_args.h"
 #include "backend/work.h"
-#include "collectives/collectives.h"
+#include "collectives/shm/collectives.h"
 #include "common/error.h"
 #include "common/logging.h"
 #include "collectives/make_group.h"

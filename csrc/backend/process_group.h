@@ -12,7 +12,7 @@
 
 #include "backend/compat.h"
 #include "backend/flight_recording.h"
-#include "collectives/communicator.h"
+#include "collectives/shm/communicator.h"
 
 namespace braid {
 

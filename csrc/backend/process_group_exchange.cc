@@ -3,7 +3,7 @@
 #include "backend/process_group.h"
 #include "backend/tensor_args.h"
 #include "backend/work.h"
-#include "collectives/collectives.h"
+#include "collectives/shm/collectives.h"
 #include "common/error.h"
 
 namespace braid {

@@ -21,7 +21,7 @@
 #include "backend/engine.h"
 #include "backend/process_group.h"
 #include "backend/tensor_args.h"
-#include "collectives/collectives.h"
+#include "collectives/shm/collectives.h"
 #include "common/error.h"
 
 namespace braid {

@@ -5,7 +5,7 @@
 #include <ATen/ATen.h>
 
 #include "backend/compat.h"
-#include "collectives/communicator.h"
+#include "collectives/shm/communicator.h"
 #include "common/types.h"
 
 namespace braid {

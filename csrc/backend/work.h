@@ -29,7 +29,7 @@ class WorkBraid : public c10d::Work {
   void setJob(Engine::QueuePtr queue, uint64_t id, transport::Clock::time_point deadline,
               std::chrono::milliseconds timeout, const char* op,
               std::shared_ptr<std::string> expiry);
-  // A send or receive: see Note [A stalled progress thread] in collectives/p2p.h.
+  // A send or receive: see Note [A stalled progress thread] in transport/shm/p2p_engine.h.
   void setP2P(collectives::PointToPoint::CallbackClock inCallbackSince,
               transport::Clock::time_point deadline, std::chrono::milliseconds timeout,
               const char* op);

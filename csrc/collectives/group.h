@@ -4,8 +4,8 @@
 // place that chooses (Note [Choosing a group's transport]).
 //
 // Implementations:
-//  - ShmGroup (shm_group.cc): every rank on one host; the slot-based
-//    algorithms over the shared-memory Window (collectives.h).
+//  - ShmGroup (shm/shm_group.cc): every rank on one host; the slot-based
+//    algorithms over the shared-memory Window (shm/collectives.h).
 //  - HierGroup (hier/hier_group.h): ranks on several hosts; TCP between them,
 //    shared memory within each (Note [Collectives across hosts]).
 //
@@ -21,39 +21,15 @@
 #include <memory>
 #include <string>
 
-#include "collectives/communicator.h"
+#include "collectives/shm/communicator.h"
+#include "transport/p2p.h"
 
 namespace braid {
 namespace collectives {
 
-// Tagged sends and receives, progressed by a thread of the implementation.
-class PointToPoint {
- public:
-  // Called once, from the progress thread, when the op finished or failed.
-  // source is the sender's rank for receives.
-  using Done = std::function<void(std::exception_ptr error, int source)>;
-  static constexpr int kAnySource = -1;
-  // Since when (steady_clock ticks; 0: not now) the progress thread has run a
-  // Done callback. Shared, because Works that read it may outlive the group.
-  // See Note [A stalled progress thread] (p2p.h).
-  using CallbackClock = std::shared_ptr<std::atomic<int64_t>>;
-
-  // Runs `done` (unless empty) with the clock set while it runs, then drops
-  // it (Note [Dropping Python objects at exit]); rethrows what it throws.
-  static void runDone(const CallbackClock& since, Done& done, std::exception_ptr error,
-                      int source);
-
-  virtual ~PointToPoint() = default;
-  virtual void postSend(int dst, int tag, const void* data, size_t bytes,
-                        transport::Clock::time_point deadline, std::chrono::milliseconds timeout,
-                        Done done) = 0;
-  // src == kAnySource matches any sender (where the implementation can).
-  virtual void postRecv(int src, int tag, void* data, size_t bytes,
-                        transport::Clock::time_point deadline, std::chrono::milliseconds timeout,
-                        Done done) = 0;
-  virtual const CallbackClock& inCallbackSince() const = 0;
-  virtual void shutdown() = 0;
-};
+// The send/recv interface lives with the transports (transport/p2p.h), since
+// the shared-memory one (transport/shm/p2p_engine.h) implements it there.
+using PointToPoint = transport::PointToPoint;
 
 class Group {
  public:

@@ -1,7 +1,7 @@
 #include "collectives/make_group.h"
 
 #include "collectives/hier/hier_group.h"
-#include "collectives/shm_group.h"
+#include "collectives/shm/shm_group.h"
 #include "common/error.h"
 #include "common/logging.h"
 #include "transport/host.h"
@@ -18,6 +18,7 @@ std::unique_ptr<Group> makeGroup(transport::Store& store, int rank, int size,
                                           opts.timeout);
   if (topo.singleHost()) {
     transport::shm::WindowOptions w;
+    w.controlBytes = collectives::Communicator::controlBytesFor(size);
     w.timeout = opts.timeout;
     return std::make_unique<ShmGroup>(transport::shm::ShmWindow::create(store, rank, size, w));
   }

@@ -6,7 +6,7 @@
 #include <cstddef>
 #include <cstdint>
 
-#include "collectives/communicator.h"
+#include "collectives/shm/communicator.h"
 
 namespace braid {
 namespace collectives {

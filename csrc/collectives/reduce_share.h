@@ -2,7 +2,7 @@
 // AVG runs as SUM, then divides by the group size.
 #pragma once
 
-#include "collectives/communicator.h"
+#include "collectives/shm/communicator.h"
 #include "reduce/reduce.h"
 
 namespace braid {

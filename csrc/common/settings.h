@@ -11,7 +11,7 @@
 // level: once per process) and keep the value, never per op, so a process
 // sweeps a setting by making a new group per value. A setting that changes the steps an op takes
 // must also be equal on every rank and be compared between them, see
-// Note [Settings that shape an op] (collectives/plan.h).
+// Note [Settings that shape an op] (collectives/shm/plan.h).
 #pragma once
 
 #include <cstdint>

@@ -8,7 +8,7 @@
 #include <optional>
 #include <vector>
 
-#include "collectives/communicator.h"
+#include "collectives/shm/communicator.h"
 #include "memory_store.h"
 #include "transport/shm/window.h"
 
@@ -60,6 +60,7 @@ struct Group {
   Group(int n, const GroupOptions& opts) : comms(n) {
     runRanks(n, [&](int r) {
       transport::shm::WindowOptions o;
+      o.controlBytes = collectives::Communicator::controlBytesFor(n);
       o.slotBytes = opts.slotBytes;
       o.channelBytes = opts.channelBytes;
       o.timeout = opts.timeout;

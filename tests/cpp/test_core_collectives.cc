@@ -10,8 +10,8 @@
 
 #include <sys/mman.h>
 
-#include "collectives/collectives.h"
-#include "collectives/p2p.h"
+#include "collectives/shm/collectives.h"
+#include "transport/shm/p2p_engine.h"
 #include "core_group.h"
 #include "memory_store.h"
 #include "transport/shm/window.h"
@@ -218,7 +218,7 @@ TEST(P2P, TagsAnySourceAndCrossingSends) {
   const int n = 3;
   Group g(n, 4096);
   runRanks(n, [&](int r) {
-    collectives::P2PEngine p2p(g.comms[r]->window());
+    transport::shm::P2PEngine p2p(g.comms[r]->window());
     auto deadline = transport::Clock::now() + std::chrono::seconds(20);
     std::chrono::milliseconds to(20000);
     // Every rank sends 20000 floats (more than the 4 KiB ring) to every other
@@ -256,7 +256,7 @@ TEST(P2P, TagsAnySourceAndCrossingSends) {
       for (int k = 0; k < n - 1; ++k) {
         int x = -1;
         std::promise<int> src;
-        p2p.postRecv(collectives::P2PEngine::kAnySource, 7, &x, 4, deadline, to,
+        p2p.postRecv(transport::shm::P2PEngine::kAnySource, 7, &x, 4, deadline, to,
                      [&](std::exception_ptr e, int s) { src.set_value(s); });
         int s = src.get_future().get();
         ASSERT_EQ(x, s * 11);
@@ -286,7 +286,7 @@ TEST(P2P, TimedOutStartedSendCopiesBeforeItsCallbackReleasesTheBuffer) {
     // Rank 1 starts its progress thread only after the sender gave up (a live
     // one would drain the message into its buffer of unexpected ones).
     if (r == 1) timedOut.get_future().wait();
-    collectives::P2PEngine p2p(g.comms[r]->window());
+    transport::shm::P2PEngine p2p(g.comms[r]->window());
     if (r == 0) {
       auto buf = std::make_shared<std::vector<float>>(count);
       std::iota(buf->begin(), buf->end(), 1.0f);
@@ -337,8 +337,9 @@ TEST(P2P, ReceiveOfAMessageThatStopsArrivingTimesOut) {
   runRanks(2, [&](int r) {
     if (r == 0) {
       struct {
-        uint32_t magic = 0x62703270;
-        int32_t tag = 5;
+        uint32_t magic = 0x62703270;  // P2PEngine's frame header
+        uint32_t reserved = 0;
+        int64_t tag = 5;
         uint64_t bytes = count * 4;
       } frame;
       std::vector<uint8_t> part(1000, 7);
@@ -349,7 +350,7 @@ TEST(P2P, ReceiveOfAMessageThatStopsArrivingTimesOut) {
       received.get_future().wait();
       return;
     }
-    collectives::P2PEngine p2p(g.comms[r]->window());
+    transport::shm::P2PEngine p2p(g.comms[r]->window());
     std::vector<float> got(count);
     std::promise<std::string> err;
     auto t0 = transport::Clock::now();

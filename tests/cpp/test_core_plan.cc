@@ -1,4 +1,4 @@
-// plan() (collectives/plan.h), the paths it picks, and the settings fixed
+// plan() (collectives/shm/plan.h), the paths it picks, and the settings fixed
 // when a group is created (Note [Settings that shape an op]).
 #include <gtest/gtest.h>
 
@@ -7,7 +7,7 @@
 #include <string>
 #include <vector>
 
-#include "collectives/collectives.h"
+#include "collectives/shm/collectives.h"
 #include "core_group.h"
 
 namespace braid {
@@ -147,6 +147,7 @@ TEST(Settings, DifferentWindowLayoutsFailEveryRank) {
     std::vector<std::string> errors(2);
     runRanks(2, [&](int r) {
       transport::shm::WindowOptions o;
+      o.controlBytes = Communicator::controlBytesFor(2);
       o.slotBytes = slot && r == 1 ? 8192 : 4096;
       o.channelBytes = !slot && r == 1 ? 8192 : 4096;
       o.timeout = std::chrono::seconds(20);
@@ -177,6 +178,7 @@ TEST(Settings, DirectReadsOffOnOneRankAreOffForAll) {
   std::vector<std::unique_ptr<Communicator>> comms(2);
   runRanks(2, [&](int r) {
     transport::shm::WindowOptions w;
+    w.controlBytes = Communicator::controlBytesFor(2);
     w.slotBytes = 4096;
     w.channelBytes = 4096;
     w.useCma = r == 0 ? 0 : 1;
@@ -250,6 +252,7 @@ TEST(Alltoall, FollowsDirectOpsAndTheLargestBlock) {
     cfg.directMinBytes = k.directMin;
     runRanks(n, [&](int r) {
       transport::shm::WindowOptions w;
+      w.controlBytes = Communicator::controlBytesFor(n);
       w.slotBytes = 4096;
       w.channelBytes = 4096;
       auto win = std::make_unique<CountingWindow>(

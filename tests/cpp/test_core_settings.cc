@@ -11,7 +11,7 @@
 #include <string>
 #include <vector>
 
-#include "collectives/collectives.h"
+#include "collectives/shm/collectives.h"
 #include "core_group.h"
 
 namespace braid {

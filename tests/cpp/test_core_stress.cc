@@ -21,8 +21,8 @@
 #include <thread>
 #include <vector>
 
-#include "collectives/collectives.h"
-#include "collectives/p2p.h"
+#include "collectives/shm/collectives.h"
+#include "transport/shm/p2p_engine.h"
 #include "core_group.h"
 #include "memory_store.h"
 #include "transport/shm/window.h"
@@ -33,7 +33,7 @@ namespace {
 using collectives::Communicator;
 using collectives::OpDesc;
 using collectives::OpKind;
-using collectives::P2PEngine;
+using transport::shm::P2PEngine;
 using std::chrono::milliseconds;
 using testing::MemoryStore;
 using testing::runRanks;
@@ -376,6 +376,7 @@ TEST(Incarnations, SequentialWindowsOnOneStore) {
   std::vector<std::unique_ptr<Communicator>> a(n), b(n);
   runRanks(n, [&](int r) {
     transport::shm::WindowOptions o;
+    o.controlBytes = collectives::Communicator::controlBytesFor(n);
     o.slotBytes = 4096;
     o.channelBytes = 4096;
     o.timeout = kLong;
@@ -791,7 +792,8 @@ TEST(P2PRecovery, SendsAfterAHalfSentMessageArriveIntact) {
   {
     P2PEngine receiver(g.comms[0]->window());
     receiver.postRecv(1, 1, &x, 4, Clock::now() + kLong, kLong, r.done());
-    const uint8_t garbage[16] = {1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15, 16};
+    uint8_t garbage[24];  // a whole frame header's worth (magic, reserved, tag, bytes)
+    for (int i = 0; i < 24; ++i) garbage[i] = static_cast<uint8_t>(i + 1);
     g.comms[1]->window().to(0).write(garbage, sizeof(garbage));
     g.comms[1]->window().notifyActivity();
     try {

@@ -11,7 +11,7 @@
 #include <vector>
 
 #include "backend/engine.h"
-#include "collectives/shm_group.h"
+#include "collectives/shm/shm_group.h"
 #include "core_group.h"
 
 namespace braid {
@@ -21,6 +21,7 @@ using testing::MemoryStore;
 
 std::unique_ptr<Engine> soloEngine(MemoryStore& store) {
   transport::shm::WindowOptions o;
+  o.controlBytes = collectives::Communicator::controlBytesFor(1);
   o.slotBytes = 4096;
   o.channelBytes = 4096;
   o.timeout = std::chrono::seconds(20);

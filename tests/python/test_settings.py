@@ -1,5 +1,5 @@
 """Ranks with different settings that shape an op's steps (issue 8; Note
-[Settings that shape an op] in csrc/collectives/plan.h).
+[Settings that shape an op] in csrc/collectives/shm/plan.h).
 
 Every rank must raise a RuntimeError naming the op, the setting and both
 values before any data moves, so no rank ever returns wrong values; the ranks

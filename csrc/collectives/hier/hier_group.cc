@@ -85,6 +85,7 @@ HierGroup::HierGroup(transport::Store& store, const transport::Topology& topo,
     sub("shared-memory group of this host", topo.ranksOn(h), l, [&] {
       transport::PrefixedStore shmStore(store, strCat("shm/", h, "/"));
       transport::shm::WindowOptions w;
+      w.controlBytes = collectives::Communicator::controlBytesFor(L);
       w.timeout = opts.timeout;
       local_ = std::make_unique<ShmGroup>(transport::shm::ShmWindow::create(shmStore, l, L, w));
     });

@@ -46,7 +46,7 @@
 #include "collectives/group.h"
 #include "collectives/net/net_comm.h"
 #include "collectives/net/net_p2p.h"
-#include "collectives/shm_group.h"
+#include "collectives/shm/shm_group.h"
 #include "transport/store.h"
 #include "transport/topology.h"
 

@@ -1,6 +1,6 @@
 // The collectives over a message transport, over raw bytes, one file per
 // algorithm (Note [Collectives over messages] in net_comm.h). The signatures
-// and buffer rules are those of collectives/collectives.h: every function is
+// and buffer rules are those of collectives/shm/collectives.h: every function is
 // collective, all ranks pass agreeing OpDescs (checked in the header
 // exchange), kAvg divides by the group size, kPremulSum must be turned into
 // kSum by the caller after scaling the input (as the backend does today).

@@ -63,7 +63,7 @@
 #include <string>
 #include <vector>
 
-#include "collectives/communicator.h"
+#include "collectives/shm/communicator.h"
 #include "transport/transport.h"
 
 namespace braid {

@@ -10,7 +10,7 @@
 // it, so a collective issued meanwhile would wait for that receive. The tags
 // still have a space of their own (bit 63 set; the collectives' never reach
 // it, Note [Collectives over messages]). Two things differ from shared memory
-// (p2p.h):
+// (transport/shm/p2p_engine.h):
 //  - a receive from any source is refused: the transport matches per source;
 //  - a transport cannot take back a posted receive, so an op that passes its
 //    deadline cannot just be dropped (its late message would land in the next

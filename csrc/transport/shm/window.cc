@@ -5,6 +5,7 @@
 #include <sys/uio.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cerrno>
 #include <cstring>
 #include <sstream>
@@ -110,9 +111,7 @@ std::unique_ptr<ShmWindow> ShmWindow::create(Store& store, int rank, int size,
                 slot);
   BRAID_ENFORCE(chan >= 4096, "init", rank, "BRAID_SHM_P2P_BYTES must be at least 4096, got ",
                 chan);
-  // The control area holds an op header plus three uint64 per rank (alltoall
-  // sizes, per-peer buffer addresses).
-  size_t control = roundUp(512 + 24 * static_cast<size_t>(size), 64);
+  size_t control = roundUp(std::max<size_t>(opts.controlBytes, 64), 64);
   std::unique_ptr<ShmWindow> w(new ShmWindow(rank, size, slot, control, chan));
   // Read per group, as settings.h promises (a process can sweep it), not once per process.
   int64_t spinUs = opts.spinUs >= 0 ? opts.spinUs : kSpinUs.get();

@@ -18,6 +18,10 @@ namespace shm {
 struct WindowOptions {
   size_t slotBytes = 0;     // 0: BRAID_SHM_SLOT_BYTES
   size_t channelBytes = 0;  // 0: BRAID_SHM_P2P_BYTES
+  // Bytes of each slot's control area, for its user's headers (the
+  // collectives: Communicator::controlBytesFor); 0 when only the byte
+  // channels are used (ShmTransport). The window does not read them.
+  size_t controlBytes = 0;
   std::chrono::milliseconds timeout{300000};  // for the rendezvous through the store
   int64_t spinUs = -1;      // -1: BRAID_SHM_SPIN_US
   int useCma = -1;          // -1: BRAID_SHM_CMA; 0 or 1 override it

@@ -7,7 +7,7 @@
 // kSum by the caller after scaling the input.
 #pragma once
 
-#include "collectives/communicator.h"
+#include "collectives/shm/communicator.h"
 
 namespace braid {
 namespace collectives {

@@ -1,4 +1,4 @@
-#include "collectives/communicator.h"
+#include "collectives/shm/communicator.h"
 
 #include <unistd.h>
 
@@ -137,6 +137,16 @@ Communicator::Communicator(std::unique_ptr<transport::Window> window,
       cfg_(cfg ? *cfg : CollectiveConfig::fromEnv(rank_)),
       chunkBytes_(chooseChunkBytes(cfg_.chunkBytes, window_->slotBytes(), size_)) {
   cfg_.check(rank_);
+  BRAID_ENFORCE(window_->controlBytes() >= controlBytesFor(size_), "init", rank_,
+                "the window's control area has ", window_->controlBytes(),
+                " bytes per slot; the collectives of ", size_, " ranks need ",
+                controlBytesFor(size_), " (WindowOptions::controlBytes)");
+}
+
+// The op header, then three uint64 per rank (alltoall sizes, per-peer buffer
+// addresses) at kMetaOffset.
+size_t Communicator::controlBytesFor(int size) {
+  return kMetaOffset + 3 * sizeof(uint64_t) * static_cast<size_t>(size);
 }
 
 uint64_t Communicator::inAddr(int rank, uint64_t step) { return headerAt(*window_, rank, step)->inAddr; }

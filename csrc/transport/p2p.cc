@@ -1,16 +1,16 @@
-#include "collectives/group.h"
+#include "transport/p2p.h"
 
 #include "common/exit_guard.h"
 
 namespace braid {
-namespace collectives {
+namespace transport {
 
 // Tells waiters that the thread is in a callback (Note [A stalled progress
 // thread]).
 void PointToPoint::runDone(const CallbackClock& since, Done& done, std::exception_ptr e,
                            int source) {
   if (!done) return;
-  since->store(transport::Clock::now().time_since_epoch().count(), std::memory_order_relaxed);
+  since->store(Clock::now().time_since_epoch().count(), std::memory_order_relaxed);
   try {
     done(e, source);
   } catch (...) {
@@ -22,5 +22,5 @@ void PointToPoint::runDone(const CallbackClock& since, Done& done, std::exceptio
   dropOrLeak(done);  // Note [Dropping Python objects at exit]
 }
 
-}  // namespace collectives
+}  // namespace transport
 }  // namespace braid

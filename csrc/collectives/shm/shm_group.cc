@@ -1,6 +1,6 @@
-#include "collectives/shm_group.h"
+#include "collectives/shm/shm_group.h"
 
-#include "collectives/collectives.h"
+#include "collectives/shm/collectives.h"
 
 namespace braid {
 namespace collectives {
@@ -38,7 +38,7 @@ void ShmGroup::barrier(const OpDesc& op) { collectives::barrier(comm_, op); }
 void ShmGroup::failOp(const OpDesc& op) { collectives::failOp(comm_, op); }
 
 PointToPoint& ShmGroup::p2p() {
-  std::call_once(p2pOnce_, [this] { p2p_ = std::make_unique<P2PEngine>(comm_.window()); });
+  std::call_once(p2pOnce_, [this] { p2p_ = std::make_unique<transport::shm::P2PEngine>(comm_.window()); });
   return *p2p_;
 }
 

@@ -1,7 +1,7 @@
 #include <algorithm>
 #include <cstring>
 
-#include "collectives/collectives.h"
+#include "collectives/shm/collectives.h"
 
 namespace braid {
 namespace collectives {

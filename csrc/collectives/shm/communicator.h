@@ -22,7 +22,7 @@
 #include <string>
 #include <vector>
 
-#include "collectives/plan.h"
+#include "collectives/shm/plan.h"
 #include "common/types.h"
 #include "transport/window.h"
 
@@ -70,6 +70,10 @@ class Communicator {
  public:
   // cfg: the group's settings; by default read from the environment, now
   // (Note [Settings that shape an op]). Throws on invalid values.
+  // Control bytes per slot that a window for `size` ranks must offer (the
+  // op header and the per-rank tables): WindowOptions::controlBytes.
+  static size_t controlBytesFor(int size);
+
   explicit Communicator(std::unique_ptr<transport::Window> window,
                         std::optional<CollectiveConfig> cfg = std::nullopt);
   ~Communicator();

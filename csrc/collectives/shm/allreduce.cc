@@ -1,7 +1,7 @@
 #include <cstring>
 #include <vector>
 
-#include "collectives/collectives.h"
+#include "collectives/shm/collectives.h"
 #include "collectives/reduce_share.h"
 
 namespace braid {

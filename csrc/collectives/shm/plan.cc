@@ -1,4 +1,4 @@
-#include "collectives/plan.h"
+#include "collectives/shm/plan.h"
 
 #include <sstream>
 

@@ -22,11 +22,12 @@
 #include <thread>
 #include <vector>
 
-#include "collectives/group.h"
+#include "transport/p2p.h"
 #include "transport/window.h"
 
 namespace braid {
-namespace collectives {
+namespace transport {
+namespace shm {
 
 // Note [A stalled progress thread]
 // Done callbacks run on the progress thread, and they complete Futures whose
@@ -47,12 +48,20 @@ class P2PEngine : public PointToPoint {
   explicit P2PEngine(transport::Window& window);
   ~P2PEngine() override;  // fails pending ops, joins the thread
 
-  void postSend(int dst, int tag, const void* data, size_t bytes,
-                transport::Clock::time_point deadline, std::chrono::milliseconds timeout,
-                Done done) override;
+  void postSend(int dst, int tag, const void* data, size_t bytes, Clock::time_point deadline,
+                std::chrono::milliseconds timeout, Done done) override {
+    postSend(dst, int64_t{tag}, data, bytes, deadline, timeout, std::move(done));
+  }
   // src == kAnySource matches any sender.
-  void postRecv(int src, int tag, void* data, size_t bytes, transport::Clock::time_point deadline,
-                std::chrono::milliseconds timeout, Done done) override;
+  void postRecv(int src, int tag, void* data, size_t bytes, Clock::time_point deadline,
+                std::chrono::milliseconds timeout, Done done) override {
+    postRecv(src, int64_t{tag}, data, bytes, deadline, timeout, std::move(done));
+  }
+  // The same with 64-bit tags (ShmTransport's; a group's p2p uses the int ones).
+  void postSend(int dst, int64_t tag, const void* data, size_t bytes, Clock::time_point deadline,
+                std::chrono::milliseconds timeout, Done done);
+  void postRecv(int src, int64_t tag, void* data, size_t bytes, Clock::time_point deadline,
+                std::chrono::milliseconds timeout, Done done);
   const CallbackClock& inCallbackSince() const override { return inCallback_; }
   void shutdown() override;
 
@@ -87,5 +96,6 @@ class P2PEngine : public PointToPoint {
   std::thread thread_;
 };
 
-}  // namespace collectives
+}  // namespace shm
+}  // namespace transport
 }  // namespace braid

@@ -1,6 +1,6 @@
 // A group whose ranks share one host: the slot-based collectives over a
 // shared-memory Window (collectives.h), and point-to-point messages over the
-// Window's byte channels (p2p.h).
+// Window's byte channels (transport/shm/p2p_engine.h).
 #pragma once
 
 #include <memory>
@@ -8,7 +8,7 @@
 #include <optional>
 
 #include "collectives/group.h"
-#include "collectives/p2p.h"
+#include "transport/shm/p2p_engine.h"
 
 namespace braid {
 namespace collectives {
@@ -43,7 +43,7 @@ class ShmGroup : public Group {
  private:
   Communicator comm_;
   std::once_flag p2pOnce_;
-  std::unique_ptr<P2PEngine> p2p_;
+  std::unique_ptr<transport::shm::P2PEngine> p2p_;
 };
 
 }  // namespace collectives

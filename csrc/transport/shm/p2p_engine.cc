@@ -1,4 +1,4 @@
-#include "collectives/p2p.h"
+#include "transport/shm/p2p_engine.h"
 
 #include <algorithm>
 #include <cstring>
@@ -7,20 +7,23 @@
 #include "common/thread_name.h"
 
 namespace braid {
-namespace collectives {
+namespace transport {
+namespace shm {
 
 namespace {
 constexpr uint32_t kFrameMagic = 0x62703270;  // "bp2p"
 struct Frame {
   uint32_t magic;
-  int32_t tag;
+  uint32_t reserved;
+  int64_t tag;  // an int tag of the backend's, or a Transport's 64-bit one (ShmTransport)
   uint64_t bytes;
 };
 constexpr std::chrono::milliseconds kIdleSleep{50};
 }  // namespace
 
 struct P2PEngine::Send {
-  int dst, tag;
+  int dst;
+  int64_t tag;
   const uint8_t* data;
   size_t bytes;
   Frame frame;
@@ -32,7 +35,8 @@ struct P2PEngine::Send {
 };
 
 struct P2PEngine::Recv {
-  int src, tag;
+  int src;
+  int64_t tag;
   uint8_t* data;
   size_t bytes;
   transport::Clock::time_point deadline;
@@ -72,11 +76,11 @@ void P2PEngine::shutdown() {
   if (thread_.joinable()) thread_.join();
 }
 
-void P2PEngine::postSend(int dst, int tag, const void* data, size_t bytes,
+void P2PEngine::postSend(int dst, int64_t tag, const void* data, size_t bytes,
                          transport::Clock::time_point deadline, std::chrono::milliseconds timeout,
                          Done done) {
   auto s = std::make_unique<Send>();
-  *s = Send{dst, tag, static_cast<const uint8_t*>(data), bytes, Frame{kFrameMagic, tag, bytes},
+  *s = Send{dst, tag, static_cast<const uint8_t*>(data), bytes, Frame{kFrameMagic, 0, tag, bytes},
             0, deadline, timeout, std::move(done), {}};
   {
     std::lock_guard<std::mutex> lock(mu_);
@@ -86,7 +90,7 @@ void P2PEngine::postSend(int dst, int tag, const void* data, size_t bytes,
   w_.notifyActivity();
 }
 
-void P2PEngine::postRecv(int src, int tag, void* data, size_t bytes,
+void P2PEngine::postRecv(int src, int64_t tag, void* data, size_t bytes,
                          transport::Clock::time_point deadline, std::chrono::milliseconds timeout,
                          Done done) {
   auto r = std::make_unique<Recv>();
@@ -402,5 +406,6 @@ void P2PEngine::loop() {
   for (auto& r : newRecvs_) complete(*r, err("recv"), r->src);
 }
 
-}  // namespace collectives
+}  // namespace shm
+}  // namespace transport
 }  // namespace braid
