@@ -1,6 +1,7 @@
 // A message transport: tagged point-to-point byte messages between the ranks
-// of one group, in the spirit of gloo's transport/pair.h. The TCP transport
-// (transport/tcp/) implements it; the shared-memory one will.
+// of one group, in the spirit of gloo's transport/pair.h. Implemented over
+// TCP (tcp/transport.h) and over shared memory (shm/transport.h);
+// tests/cpp/test_core_transport.cc checks this contract on both.
 //
 // Connecting. A group (rank, size) is connected by the implementation's
 // factory (e.g. tcp::connect) through the rendezvous Store, which carries

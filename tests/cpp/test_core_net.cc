@@ -1,5 +1,6 @@
 // Collectives over the message transport (collectives/net), threads as ranks
-// over loopback TCP, results checked against closed forms.
+// over loopback TCP (and over shared-memory messages), results checked
+// against closed forms.
 #include <gtest/gtest.h>
 
 #include <cmath>
@@ -12,6 +13,7 @@
 #include "reduce/reduce.h"
 #include "reduce_values.h"
 #include "tcp_group.h"
+#include "transport/shm/transport.h"
 
 namespace braid {
 namespace {
@@ -28,21 +30,31 @@ namespace net = collectives::net;
 constexpr uint64_t kAlwaysRing = 0;
 constexpr uint64_t kNeverRing = ~uint64_t(0);
 
-// A group of NetComms over loopback TCP; cfg(rank) gives each rank's settings.
+// A group of NetComms over loopback TCP (or, with shm, over the shared-memory
+// message transport); cfg(rank) gives each rank's settings.
 struct NetGroup {
   std::vector<std::unique_ptr<transport::Transport>> ts;
   std::vector<std::unique_ptr<NetComm>> comms;
-  NetGroup(int n, const std::function<NetConfig(int)>& cfg) {
-    auto o = testing::tcpOptions("net", 1);
-    ts = testing::connectGroup(n, [o](int) { return o; });
+  NetGroup(int n, const std::function<NetConfig(int)>& cfg, bool shm = false) {
+    if (shm) {
+      MemoryStore store;
+      ts.resize(n);
+      runRanks(n, [&](int r) { ts[r] = transport::shm::connect(store, r, n, {}); });
+    } else {
+      auto o = testing::tcpOptions("net", 1);
+      ts = testing::connectGroup(n, [o](int) { return o; });
+    }
     for (int r = 0; r < n; ++r) comms.push_back(std::make_unique<NetComm>(*ts[r], cfg(r)));
   }
-  NetGroup(int n, uint64_t ringMin)
-      : NetGroup(n, [ringMin](int) {
-          NetConfig c;
-          c.allreduceRingMin = ringMin;
-          return c;
-        }) {}
+  NetGroup(int n, uint64_t ringMin, bool shm = false)
+      : NetGroup(
+            n,
+            [ringMin](int) {
+              NetConfig c;
+              c.allreduceRingMin = ringMin;
+              return c;
+            },
+            shm) {}
   ~NetGroup() {
     comms.clear();
     for (auto& t : ts) t->close();
@@ -164,6 +176,16 @@ TEST_P(Worlds, DirectEveryOpDtypeAndCount) {
   const int n = GetParam();
   NetGroup g(n, kNeverRing);
   for (size_t count : {size_t(0), size_t(1), size_t(7), size_t(1023)}) checkAll(g, n, count);
+}
+
+// The same algorithms over the shared-memory message transport: the
+// collectives of collectives/net depend on the Transport contract only.
+TEST_P(Worlds, EveryOpOverSharedMemoryMessages) {
+  const int n = GetParam();
+  for (uint64_t ringMin : {kAlwaysRing, kNeverRing}) {
+    NetGroup g(n, ringMin, /*shm=*/true);
+    for (size_t count : {size_t(0), size_t(1), size_t(1023)}) checkAll(g, n, count);
+  }
 }
 
 INSTANTIATE_TEST_SUITE_P(Net, Worlds, ::testing::Values(1, 2, 3, 4, 5));

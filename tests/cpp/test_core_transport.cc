@@ -1,0 +1,182 @@
+// The message Transport's contract (transport/transport.h), checked alike on
+// both implementations: shared memory (transport/shm/transport.h) and TCP
+// over loopback (transport/tcp/transport.h), threads as ranks. What only one
+// of them has (authentication, framing, striping) is tested in
+// test_core_tcp.cc and test_core_tcp_faults.cc.
+#include <gtest/gtest.h>
+
+#include <atomic>
+#include <functional>
+#include <string>
+#include <vector>
+
+#include "core_group.h"
+#include "tcp_group.h"
+#include "transport/shm/transport.h"
+
+namespace braid {
+namespace {
+
+using testing::after;
+using testing::patterned;
+using testing::runRanks;
+using transport::Request;
+using transport::Transport;
+
+constexpr int kWaitMs = 10000;
+
+std::vector<std::unique_ptr<Transport>> connectAll(const std::string& kind, int n) {
+  if (kind == "tcp") {
+    auto o = testing::tcpOptions("contract", 2);
+    return testing::connectGroup(n, [o](int) { return o; });
+  }
+  testing::MemoryStore store;
+  std::vector<std::unique_ptr<Transport>> ts(n);
+  transport::shm::WindowOptions w;
+  w.channelBytes = 64 << 10;  // small: large messages wrap the ring many times
+  runRanks(n, [&](int r) { ts[r] = transport::shm::connect(store, r, n, w); });
+  return ts;
+}
+
+class TransportContract : public ::testing::TestWithParam<std::string> {};
+
+TEST_P(TransportContract, EverySizeBetweenEveryPairAndToItself) {
+  const std::vector<size_t> sizes = {0, 1, 7, (64 << 10) - 1, (64 << 10) + 1, (1 << 20) + 3};
+  for (int n : {1, 2, 3, 5}) {
+    SCOPED_TRACE(GetParam() + ", world size " + std::to_string(n));
+    auto ts = connectAll(GetParam(), n);
+    runRanks(n, [&](int me) {
+      std::vector<std::vector<uint8_t>> out, in;
+      std::vector<std::shared_ptr<Request>> reqs;
+      out.reserve(n * sizes.size());
+      in.reserve(n * sizes.size());
+      for (int peer = 0; peer < n; ++peer) {
+        for (size_t k = 0; k < sizes.size(); ++k) {
+          in.emplace_back(sizes[k], 0xEE);
+          reqs.push_back(ts[me]->irecv(peer, k, in.back().data(), sizes[k]));
+          out.push_back(patterned(me, peer, k, sizes[k]));
+          reqs.push_back(ts[me]->isend(peer, k, out.back().data(), sizes[k]));
+        }
+      }
+      for (auto& r : reqs) r->wait(after(kWaitMs));
+      size_t i = 0;
+      for (int peer = 0; peer < n; ++peer) {
+        for (size_t k = 0; k < sizes.size(); ++k, ++i) {
+          EXPECT_TRUE(in[i] == patterned(peer, me, k, sizes[k]))
+              << "rank " << me << " from " << peer << " size " << sizes[k];
+        }
+      }
+    });
+    for (auto& t : ts) t->close();
+  }
+}
+
+// A message goes to the first unmatched receive with its tag; messages with
+// one tag match in the order they were sent; 64-bit tags keep all their bits.
+TEST_P(TransportContract, TagsMatchInAnyOrderAndOneTagInSendOrder) {
+  auto ts = connectAll(GetParam(), 2);
+  const std::vector<uint64_t> tags = {7, 7, uint64_t{1} << 40, (uint64_t{1} << 40) + 7, 3, 7};
+  std::vector<std::vector<uint8_t>> out, in(tags.size(), std::vector<uint8_t>(33));
+  std::vector<std::shared_ptr<Request>> reqs;
+  for (size_t k = 0; k < tags.size(); ++k) {
+    out.push_back(patterned(0, 1, k, 33));
+    reqs.push_back(ts[0]->isend(1, tags[k], out[k].data(), 33));
+  }
+  for (size_t k = tags.size(); k-- > 0;) {  // posted in reverse
+    reqs.push_back(ts[1]->irecv(0, tags[k], in[k].data(), 33));
+  }
+  for (auto& r : reqs) r->wait(after(kWaitMs));
+  // Receives with tag 7 were posted as k = 5, 1, 0: they get the messages
+  // sent as k = 0, 1, 5 in that order.
+  EXPECT_TRUE(in[5] == out[0]);
+  EXPECT_TRUE(in[1] == out[1]);
+  EXPECT_TRUE(in[0] == out[5]);
+  for (size_t k : {2, 3, 4}) EXPECT_TRUE(in[k] == out[k]) << "tag " << tags[k];
+  for (auto& t : ts) t->close();
+}
+
+TEST_P(TransportContract, SizeMismatchFailsTheReceiveNamingBothSizesAndThePairGoesOn) {
+  auto ts = connectAll(GetParam(), 2);
+  auto big = patterned(0, 1, 5, 200000), ok = patterned(0, 1, 6, 10);
+  auto s1 = ts[0]->isend(1, 5, big.data(), big.size());
+  auto s2 = ts[0]->isend(1, 6, ok.data(), ok.size());
+  std::vector<uint8_t> small(100), in(10);
+  try {
+    ts[1]->irecv(0, 5, small.data(), small.size())->wait(after(kWaitMs));
+    FAIL() << "expected a size mismatch";
+  } catch (const Error& e) {
+    std::string m = e.what();
+    EXPECT_NE(m.find("200000 bytes"), std::string::npos) << m;
+    EXPECT_NE(m.find("100 bytes"), std::string::npos) << m;
+    EXPECT_NE(m.find("rank 0"), std::string::npos) << m;
+  }
+  ts[1]->irecv(0, 6, in.data(), in.size())->wait(after(kWaitMs));
+  EXPECT_TRUE(in == ok);
+  s1->wait(after(kWaitMs));
+  s2->wait(after(kWaitMs));
+  for (auto& t : ts) t->close();
+}
+
+// A peer that leaves fails the ops pending with it (PeerLostError naming it);
+// abort fails what is pending and what comes later, with its reason.
+TEST_P(TransportContract, APeerLeavingAndAnAbortFailPendingAndLaterOps) {
+  auto ts = connectAll(GetParam(), 3);
+  std::vector<uint8_t> buf(64);
+  auto fromGone = ts[0]->irecv(2, 1, buf.data(), buf.size());
+  ts[2]->close();
+  try {
+    fromGone->wait(after(kWaitMs));
+    FAIL() << "a receive from a rank that left completed";
+  } catch (const PeerLostError& e) {
+    std::string m = e.what();
+    EXPECT_NE(m.find("rank 2"), std::string::npos) << m;
+  }
+  std::vector<uint8_t> buf1(64);
+  auto pending = ts[1]->irecv(0, 9, buf1.data(), buf1.size());
+  ts[1]->abort("the test gave up");
+  auto later = ts[1]->isend(0, 9, buf1.data(), buf1.size());
+  for (auto* r : {&pending, &later}) {
+    try {
+      (*r)->wait(after(kWaitMs));
+      FAIL() << "an op of an aborted transport completed";
+    } catch (const Error& e) {
+      EXPECT_NE(std::string(e.what()).find("the test gave up"), std::string::npos) << e.what();
+    }
+  }
+  for (auto& t : ts) t->close();
+}
+
+// Callbacks run once each, and may post the next op (here: an echo server
+// that lives entirely in rank 1's receive callbacks).
+TEST_P(TransportContract, CallbacksRunOnceAndMayPostTheNextOp) {
+  auto ts = connectAll(GetParam(), 2);
+  const int kRounds = 200;
+  std::vector<uint8_t> ball(16, 0), got(16, 0);
+  std::atomic<int> calls{0};
+  // Rank 1 echoes every message back from inside its receive callback.
+  std::function<void(int)> echo = [&](int round) {
+    ts[1]->irecv(0, round, got.data(), got.size(), [&, round](std::exception_ptr e) {
+      ASSERT_FALSE(e);
+      ++calls;
+      ts[1]->isend(0, round, got.data(), got.size());
+      if (round + 1 < kRounds) echo(round + 1);
+    });
+  };
+  echo(0);
+  for (int round = 0; round < kRounds; ++round) {
+    ball.assign(16, static_cast<uint8_t>(round));
+    std::vector<uint8_t> back(16);
+    auto r = ts[0]->irecv(1, round, back.data(), back.size());
+    ts[0]->isend(1, round, ball.data(), ball.size())->wait(after(kWaitMs));
+    r->wait(after(kWaitMs));
+    ASSERT_TRUE(back == ball) << "round " << round;
+  }
+  EXPECT_EQ(calls.load(), kRounds);
+  for (auto& t : ts) t->close();
+}
+
+INSTANTIATE_TEST_SUITE_P(BothTransports, TransportContract, ::testing::Values("shm", "tcp"),
+                         [](const auto& info) { return info.param; });
+
+}  // namespace
+}  // namespace braid
