@@ -27,6 +27,12 @@ class TcpFaults : public ::testing::Test {
   void SetUp() override { fds_ = testing::countFds(); }
   void TearDown() override {
     EXPECT_EQ(testing::countFds(), fds_) << "leaked file descriptors";
+    // A joined thread can still be listed in /proc for a moment: pthread_join
+    // returns when the kernel clears the thread's tid, before it is reaped.
+    auto deadline = after(1000);
+    while (testing::countThreadsNamed("braid-tcp") != 0 && transport::Clock::now() < deadline) {
+      std::this_thread::sleep_for(std::chrono::milliseconds(1));
+    }
     EXPECT_EQ(testing::countThreadsNamed("braid-tcp"), 0) << "progress threads left running";
   }
   int fds_ = 0;
