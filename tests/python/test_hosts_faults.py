@@ -309,7 +309,8 @@ def listening_ports(hosts, k, pids):
 @pytest.mark.slow
 def test_strangers_on_the_ports_are_refused_logged_and_harmless(tmp_path):
     """While a job with a secret loops over allreduces on hosts 0 and 1, a process on host 2
-    connects to every braid port of every rank (the world's and the cross group's): one sends
+    connects to every braid port of every rank (the world's, the cross group's and the one
+    send/recv use, Note [Point-to-point across hosts]): one sends
     garbage, one says nothing, one speaks the handshake without the secret. Each is refused
     (the plausible one by the verdict "bad proof", 4), each is logged by the rank it reached,
     naming host 2's address; the silent one is closed at the handshake deadline (T); the job's
@@ -326,10 +327,11 @@ def test_strangers_on_the_ports_are_refused_logged_and_harmless(tmp_path):
             pids = {p: r for r, p in enumerate(job.pids(k), start=k * PER_HOST)}
             ports = listening_ports(hosts, k, set(pids))
             for pid, r in pids.items():
-                if len(ports.get(pid, [])) != 2:
-                    problems.append(f"rank {r} listens on {ports.get(pid)}, expected 2 ports")
+                if len(ports.get(pid, [])) != 3:
+                    problems.append(f"rank {r} listens on {ports.get(pid)}, expected 3 ports")
                 for port in ports.get(pid, []):
-                    # The claims that fit: rank r of the world group, or rank k of the cross one.
+                    # The claims that fit: rank r of the world (or send/recv) group, or rank k
+                    # of the cross one.
                     targets.append([hosts.addr(k), port, [[r, (r + 1) % WORLD], [k, 1 - k]]])
         assert not problems, problems
         p = subprocess.run(hosts.cmd(2, [sys.executable, STRANGER, json.dumps(targets),
