@@ -7,6 +7,7 @@
 #include <cstdlib>
 #include <cstring>
 #include <future>
+#include <thread>
 
 #include "collectives/hier/hier_group.h"
 #include "collectives/make_group.h"
@@ -99,6 +100,52 @@ TEST(Hier, AllreduceUnevenHosts) { checkAllreduce({0, 0, 1}, {0, 1, 1001, 100003
 TEST(Hier, AllreduceStagedAtEverySize) {
   ScopedEnv env("BRAID_HIER_ALLREDUCE_MIN", "0");
   checkAllreduce({0, 0, 0, 1, 1, 1}, {0, 1, 2, 3, 4, 5, 7, 11, 1000});
+}
+
+// Pieces of 64 bytes (Note [Pipelined stages]): many pieces, a short last
+// piece, one piece that has padded sections, on 2 and 3 ranks per host.
+TEST(Hier, AllreducePipelinedPieces) {
+  ScopedEnv min("BRAID_HIER_ALLREDUCE_MIN", "0");
+  ScopedEnv piece("BRAID_HIER_PIPELINE_BYTES", "64");
+  checkAllreduce({0, 0, 1, 1}, {0, 1, 2, 5, 33, 257});
+  checkAllreduce({0, 0, 0, 1, 1, 1}, {1, 7, 40, 101});
+}
+
+// A rank that leaves in the middle of a pipelined allreduce (its group
+// aborted from another thread, as a shutdown does, so its peers see its
+// sockets close as when its host goes away) fails every rank
+// by the op's deadline, and no stage touches the buffers after the op
+// returns (ASan/TSan builds check that).
+TEST(Hier, RankLostMidPipelineFailsEveryRank) {
+  ScopedEnv piece("BRAID_HIER_PIPELINE_BYTES", "65536");
+  HierFixture f({0, 0, 1, 1});
+  const auto deadline = std::chrono::milliseconds(4000);
+  runRanks(4, [&](int r) {
+    Group& g = *f.groups[r];
+    auto in = std::make_unique<std::vector<float>>(8 << 20, 1.0f);
+    auto out = std::make_unique<std::vector<float>>(in->size());
+    std::future<void> leave;
+    if (r == 3) {
+      leave = std::async(std::launch::async, [&g] {
+        std::this_thread::sleep_for(std::chrono::milliseconds(30));
+        g.abort();
+      });
+    }
+    const auto t0 = transport::Clock::now();
+    try {
+      g.allreduce(desc(OpKind::kAllreduce, in->size(), DataType::kFloat32, 0, ReduceOp::kSum,
+                       deadline),
+                  in->data(), out->data());
+      // Rank 3 may finish before it leaves on a fast machine; then nobody fails.
+    } catch (const Error& e) {
+      EXPECT_NE(std::string(e.what()).find("allreduce"), std::string::npos) << e.what();
+    }
+    in.reset();
+    out.reset();
+    EXPECT_LT(transport::Clock::now() - t0, deadline + std::chrono::milliseconds(1000))
+        << "rank " << r;
+    if (leave.valid()) leave.get();
+  });
 }
 
 // The other collectives go through the world group: one pass each, checked.

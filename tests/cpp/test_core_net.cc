@@ -327,6 +327,13 @@ TEST(NetErrors, HeaderMismatchesFailEveryRankAndKeepTheGroup) {
                    if (r == 1) c.allreduceRingMin = 1024;
                    return c;
                  });
+  expectMismatch(2, d(OpKind::kAllreduce, 8), d(OpKind::kAllreduce, 8),
+                 {"BRAID_HIER_PIPELINE_BYTES=4096", "BRAID_HIER_PIPELINE_BYTES=0"},
+                 [](int r) {
+                   NetConfig c;
+                   if (r == 1) c.hierPieceBytes = 4096;
+                   return c;
+                 });
 }
 
 TEST(NetErrors, AlltoallSizesCheckedOnEveryRank) {

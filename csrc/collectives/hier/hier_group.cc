@@ -16,6 +16,11 @@ BRAID_SETTING_INT(kHierMin, "BRAID_HIER_ALLREDUCE_MIN", 64 << 10,
                   "within each host, TCP between hosts, shared memory again); below, and where "
                   "hosts run different numbers of ranks, every rank exchanges over TCP. Must be "
                   "equal on every rank.");
+BRAID_SETTING_INT(kHierPiece, "BRAID_HIER_PIPELINE_BYTES", 4 << 20,
+                  "Bytes per piece of a staged allreduce across hosts: the pieces go through the "
+                  "stages one after another, the TCP stage of one overlapping the shared-memory "
+                  "stages of its neighbours (Note [Pipelined stages]); 0: one piece. Must be "
+                  "equal on every rank.");
 
 namespace {
 
@@ -52,6 +57,9 @@ HierGroup::HierGroup(transport::Store& store, const transport::Topology& topo,
   BRAID_ENFORCE(kHierMin.get() >= 0, "init", rank, "BRAID_HIER_ALLREDUCE_MIN must be >= 0, got ",
                 kHierMin.get());
   cfg.hierAllreduceMin = static_cast<uint64_t>(kHierMin.get());
+  BRAID_ENFORCE(kHierPiece.get() >= 0, "init", rank,
+                "BRAID_HIER_PIPELINE_BYTES must be >= 0, got ", kHierPiece.get());
+  cfg.hierPieceBytes = static_cast<uint64_t>(kHierPiece.get());
 
   std::vector<int> all(n);
   for (int r = 0; r < n; ++r) all[r] = r;

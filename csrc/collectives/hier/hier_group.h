@@ -21,10 +21,11 @@
 // over shared memory, leaving local rank l with section l of the host's sum;
 // an allreduce of section l across hosts in cross group l (the L cross groups
 // run at once, each over its own sockets); an allgather of the sections
-// within the host. Each byte crosses the network once per host, not once per
-// rank: a flat ring over n = H x L ranks sends 2(n-1)/n of the buffer per
-// rank, L times that per host, where the hierarchy sends 2(H-1)/H per host
-// in all. Everything else (smaller allreduces, groups with one rank per host
+// within the host; large buffers go through the stages piece by piece,
+// pipelined (Note [Pipelined stages]). Each byte crosses the network once per
+// host, not once per rank: a flat ring over n = H x L ranks sends 2(n-1)/n of
+// the buffer per rank, L times that per host, where the hierarchy sends
+// 2(H-1)/H per host in all. Everything else (smaller allreduces, groups with one rank per host
 // or uneven hosts, the other collectives) runs over the world group, whose
 // algorithms are latency-optimal for small buffers (a direct exchange) and
 // bandwidth-optimal for large ones (rings).
@@ -85,6 +86,8 @@ class HierGroup : public Group {
   PointToPoint& p2p() override;
   void abort() override;
   void close() override;
+
+ struct Piece;  // hier/allreduce.cc
 
  private:
   bool hierarchical(const OpDesc& op) const;

@@ -32,6 +32,7 @@ struct NetHeader {
   uint32_t reserved;
   uint64_t ringMin;     // BRAID_NET_ALLREDUCE_RING_MIN
   uint64_t hierMin;     // BRAID_HIER_ALLREDUCE_MIN (hier/hier_group.cc)
+  uint64_t hierPiece;   // BRAID_HIER_PIPELINE_BYTES (hier/hier_group.cc)
   uint64_t eagerBytes;  // data that follow on step 1 (Note [Eager data])
 };
 
@@ -206,6 +207,7 @@ void NetComm::exchangeHeaders(const OpDesc& op, NetAlgo algo, const void* eager)
   h->algo = static_cast<uint32_t>(algo);
   h->ringMin = cfg_.allreduceRingMin;
   h->hierMin = cfg_.hierAllreduceMin;
+  h->hierPiece = cfg_.hierPieceBytes;
   h->eagerBytes = eager ? op.bytes() : 0;
   if (op.kind == OpKind::kAlltoall && op.sendBytes && op.recvBytes) {
     for (int j = 0; j < n; ++j) {
@@ -263,6 +265,11 @@ void NetComm::checkHeaders(const OpDesc& op, NetAlgo algo, const std::vector<uin
     if (op.kind == OpKind::kAllreduce && o->hierMin != h->hierMin) {
       BRAID_THROW(Error, me, rank_, "rank ", p, " runs with BRAID_HIER_ALLREDUCE_MIN=",
                   o->hierMin, ", this rank with BRAID_HIER_ALLREDUCE_MIN=", h->hierMin,
+                  " (settings that shape an op must be equal on every rank)");
+    }
+    if (op.kind == OpKind::kAllreduce && o->hierPiece != h->hierPiece) {
+      BRAID_THROW(Error, me, rank_, "rank ", p, " runs with BRAID_HIER_PIPELINE_BYTES=",
+                  o->hierPiece, ", this rank with BRAID_HIER_PIPELINE_BYTES=", h->hierPiece,
                   " (settings that shape an op must be equal on every rank)");
     }
     if (o->algo != h->algo) {

@@ -11,8 +11,9 @@ all_gather (into a tensor too, in place), reduce_scatter (list and tensor, in pl
 all_to_all (list and single, even and uneven splits), barrier, send/recv between every pair
 of ranks, isend/irecv, a send in flight across collectives, ops in flight at once, a 3-d
 tensor, subgroups (across hosts, uneven, one host, an even hierarchy with other local
-ranks), and a second braid group with BRAID_HIER_ALLREDUCE_MIN=0 and
-BRAID_NET_ALLREDUCE_RING_MIN=0 (tiny counts through the three stages and the rings). Where
+ranks), and a second braid group with BRAID_HIER_ALLREDUCE_MIN=0,
+BRAID_NET_ALLREDUCE_RING_MIN=0 and BRAID_HIER_PIPELINE_BYTES=16 (tiny counts through the
+three stages, in several pieces, and the rings). Where
 the layout has the hierarchy, it checks from eth0's counters that the large allreduce sends
 what the three stages send, not what a flat ring would. Errors that must come (a count,
 dtype, root or op that differs across hosts; BAND on floats; a receive from any source) are
@@ -700,8 +701,9 @@ class Matrix:
                                  H.pattern(r, 56, 1001, torch.int64))
 
     def small_hier(self, group):
-        """A second braid group with BRAID_HIER_ALLREDUCE_MIN=0 and BRAID_NET_ALLREDUCE_RING_MIN=0:
-        tiny counts take the three stages (empty and short sections) and the rings."""
+        """A second braid group with BRAID_HIER_ALLREDUCE_MIN=0, BRAID_NET_ALLREDUCE_RING_MIN=0
+        and BRAID_HIER_PIPELINE_BYTES=16: tiny counts take the three stages (empty and short
+        sections, several pipelined pieces) and the rings."""
         for count in range(1, 8):
             for name, op in (("float32", "SUM"), ("int32", "BXOR"), ("float16", "MAX"),
                              ("float64", "AVG")):
@@ -757,8 +759,10 @@ def main():
     dist.all_gather_object(hosts, socket.gethostname())
     HOST_OF.extend(hosts)
     saved = {k: os.environ.get(k) for k in ("BRAID_HIER_ALLREDUCE_MIN",
-                                            "BRAID_NET_ALLREDUCE_RING_MIN")}
-    os.environ.update(BRAID_HIER_ALLREDUCE_MIN="0", BRAID_NET_ALLREDUCE_RING_MIN="0")
+                                            "BRAID_NET_ALLREDUCE_RING_MIN",
+                                            "BRAID_HIER_PIPELINE_BYTES")}
+    os.environ.update(BRAID_HIER_ALLREDUCE_MIN="0", BRAID_NET_ALLREDUCE_RING_MIN="0",
+                      BRAID_HIER_PIPELINE_BYTES="16")
     braid0 = dist.new_group(backend="braid", timeout=timeout)
     for k, v in saved.items():
         os.environ.pop(k) if v is None else os.environ.__setitem__(k, v)
