@@ -81,9 +81,9 @@ void TcpTransport::failPair(Pair& p, const std::string& why) {
   if (p.failed) return;
   std::string text = strCat(peerName(p.peer), ": ", why);
   if (p.hasPending()) {
-    BRAID_LOG(kWarn, "tcp", rank_) << "lost " << text;
+    BRAID_LOG(kWarn, "tcp", logRank_) << "lost " << text;
   } else {
-    BRAID_LOG(kInfo, "tcp", rank_) << "lost " << text << " (nothing pending)";
+    BRAID_LOG(kInfo, "tcp", logRank_) << "lost " << text << " (nothing pending)";
   }
   p.failAll(std::make_exception_ptr(PeerLostError(text)));
   for (auto& c : p.conns) {
@@ -120,7 +120,7 @@ void TcpTransport::expireHandshakes() {
     }
     std::string msg = strCat("tcp accept (rank ", rank_, "): dropped a connection from ", c->address,
                              ": no complete handshake within ", opt_.timeout.count(), " ms");
-    BRAID_LOG(kWarn, "tcp", rank_) << msg;
+    BRAID_LOG(kWarn, "tcp", logRank_) << msg;
     closeConn(c);
   }
 }

@@ -41,7 +41,7 @@ void TcpTransport::loop() {
     // Out of memory, or a system call that cannot fail did: nothing more can
     // move, so every op fails now rather than at its deadline.
     std::string why = strCat("the progress thread failed: ", e.what());
-    BRAID_LOG(kError, "tcp", rank_) << why;
+    BRAID_LOG(kError, "tcp", logRank_) << why;
     {
       std::lock_guard<std::mutex> lock(mu_);
       aborted_ = true;
@@ -161,8 +161,9 @@ void TcpTransport::acceptAll() {
     int fd = ::accept4(listenFd_, nullptr, nullptr, SOCK_NONBLOCK | SOCK_CLOEXEC);
     if (fd < 0) return;  // EAGAIN, or a connection that died in the backlog
     if (tornDown_ || pending_.size() >= kMaxPendingHandshakes) {
-      BRAID_LOG(kWarn, "tcp", rank_) << "tcp accept: dropped a connection from " << peerAddress(fd)
-                                     << (tornDown_ ? " (shutting down)" : " (too many handshakes)");
+      BRAID_LOG(kWarn, "tcp", logRank_)
+          << "tcp accept: dropped a connection from " << peerAddress(fd)
+          << (tornDown_ ? " (shutting down)" : " (too many handshakes)");
       ::close(fd);
       continue;
     }
@@ -229,14 +230,14 @@ void TcpTransport::onHandshake(Conn* c) {
       return failPair(*pairs_[c->peer], strCat("socket ", c->index, ": ", c->hs->why()));
     }
     if (c->hs->refusedAsDuplicate() || c->hs->why().rfind("duplicate", 0) == 0) {
-      BRAID_LOG(kDebug, "tcp", rank_) << "refused a second dial of socket " << c->hs->index()
+      BRAID_LOG(kDebug, "tcp", logRank_) << "refused a second dial of socket " << c->hs->index()
                                       << " from " << peerName(c->hs->peer()) << " (ours wins)";
       return closeConn(c);
     }
     std::string claim = c->hs->peer() >= 0 ? strCat(" (claiming rank ", c->hs->peer(), ")") : "";
     std::string msg = strCat("tcp accept (rank ", rank_, "): refused a connection from ",
                              c->address, claim, ": ", c->hs->why());
-    BRAID_LOG(kWarn, "tcp", rank_) << msg;
+    BRAID_LOG(kWarn, "tcp", logRank_) << msg;
     {
       std::lock_guard<std::mutex> lock(mu_);
       if (rejections_.size() < kMaxRejectionsKept) rejections_.push_back(msg);
@@ -256,7 +257,7 @@ void TcpTransport::becomeReady(Conn* c) {
   c->order = SocketOrder(static_cast<uint32_t>(c->peer));
   p.slots[c->index] = Pair::Slot::kReady;
   p.conns[c->index] = std::move(owned);
-  BRAID_LOG(kDebug, "tcp", rank_) << "socket " << c->index << " to " << peerName(c->peer)
+  BRAID_LOG(kDebug, "tcp", logRank_) << "socket " << c->index << " to " << peerName(c->peer)
                                   << " authenticated (" << (c->dialer ? "dialed" : "accepted") << ")";
   std::string err = p.onWritable(*c);
   if (err.empty()) err = p.onReadable(*c);

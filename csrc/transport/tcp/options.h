@@ -26,6 +26,9 @@ struct TcpOptions {
   // How errors name each peer ("rank 5 on host 'b'"), by transport rank;
   // empty: "rank <p>". The address follows either way.
   std::vector<std::string> peerNames;
+  // The rank this transport's log lines carry: a sub-group's transport (a
+  // hierarchy's cross group) logs as its world rank; -1: the transport's rank.
+  int logRank = -1;
   std::string secret;               // BRAID_SECRET or BRAID_SECRET_FILE; "" = none
   bool requireAuth = false;         // BRAID_REQUIRE_AUTH
   // Deadline for connecting the group (eager) or one pair (lazy), and for

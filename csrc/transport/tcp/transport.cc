@@ -26,7 +26,9 @@ std::unique_ptr<Transport> connect(Store& store, int rank, int size, const TcpOp
   BRAID_ENFORCE(size >= 1 && rank >= 0 && rank < size, "tcp connect", rank, "rank ", rank,
                 " is not in a group of ", size);
   options.check(rank);
-  if (options.secret.empty()) warnUnauthenticatedOnce(rank);
+  if (options.secret.empty()) {
+    warnUnauthenticatedOnce(options.logRank >= 0 ? options.logRank : rank);
+  }
   auto t = std::make_unique<TcpTransport>(rank, size, options);
   try {
     t->start(store);
@@ -38,7 +40,8 @@ std::unique_ptr<Transport> connect(Store& store, int rank, int size, const TcpOp
 }
 
 TcpTransport::TcpTransport(int rank, int size, const TcpOptions& options)
-    : rank_(rank), size_(size), opt_(options) {
+    : rank_(rank), size_(size), logRank_(options.logRank >= 0 ? options.logRank : rank),
+      opt_(options) {
   id_.group = opt_.groupId;
   id_.secret = opt_.secret;
   id_.rank = rank;
@@ -81,9 +84,10 @@ void TcpTransport::start(Store& store) {
                 missing.find(',') == std::string::npos ? " " : "s ", missing,
                 " published no address within ", opt_.timeout.count(), " ms");
   }
-  BRAID_LOG(kInfo, "tcp", rank_) << "listening on " << me << ", " << opt_.socketsPerPeer
-                                 << " sockets per peer, "
-                                 << (opt_.connect == ConnectMode::kEager ? "eager" : "lazy");
+  BRAID_LOG(kInfo, "tcp", logRank_)
+      << "group " << opt_.groupId << " (rank " << rank_ << " of " << size_ << "): listening on "
+      << me << ", " << opt_.socketsPerPeer << " sockets per peer, "
+      << (opt_.connect == ConnectMode::kEager ? "eager" : "lazy");
   thread_ = std::thread([this] { loop(); });
   named(thread_, "braid-tcp");
   if (opt_.connect == ConnectMode::kEager) waitConnected(deadline);

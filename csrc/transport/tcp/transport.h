@@ -128,6 +128,7 @@ class TcpTransport : public Transport {
   void teardown(const std::string& why);
 
   const int rank_, size_;
+  const int logRank_;  // TcpOptions::logRank, resolved
   const TcpOptions opt_;
   HandshakeIdentity id_;
   PairShared shared_;
