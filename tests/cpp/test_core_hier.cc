@@ -260,7 +260,8 @@ TEST(Hier, LostHostFailsTheOthersNamingIt) {
                   in.data(), out.data());
       ADD_FAILURE() << "rank " << r << ": no error";
     } catch (const Error& e) {
-      EXPECT_NE(std::string(e.what()).find("rank 3 on host 'h1'"), std::string::npos) << e.what();
+      // rank 3, or rank 2 (its host mate), which saw rank 3 leave and left too
+      EXPECT_NE(std::string(e.what()).find("on host 'h1'"), std::string::npos) << e.what();
     }
     // Long before the op's deadline (20 s): the peers saw rank 3 leave. (A generous
     // bound: a loaded 2-core machine.)

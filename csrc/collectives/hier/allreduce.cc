@@ -1,6 +1,7 @@
 // Allreduce in three stages (Note [Collectives across hosts]), pipelined
 // (Note [Pipelined stages]).
 #include <algorithm>
+#include <chrono>
 #include <condition_variable>
 #include <cstring>
 #include <deque>
@@ -74,7 +75,12 @@ std::string rankList(const std::vector<int>& ranks) {
 // order. When a stage fails on either thread, this rank aborts its cross
 // transport, so the TCP stage still queued ends at once and the other hosts
 // see the rank leave; the thread is joined before the error reaches the
-// caller, so no stage touches the buffers after the op returns.
+// caller, so no stage touches the buffers after the op returns. Which error
+// the caller gets: when another host goes away, the TCP stage fails (naming
+// the lost rank and its host), but the worker may learn it first and second
+// hand, from a local peer that failed and left the shared-memory stage; so a
+// shared-memory failure waits up to 500 ms for the pending TCP stages and
+// reports a lost peer or a timeout there instead.
 
 // A piece of the buffer, elements [first, first + count), cut into L sections
 // of q = ceil(count / L) elements (the shared-memory reduce-scatter and
@@ -177,6 +183,26 @@ class SerialThread {
   std::thread thread_;  // last: starts once the members it uses exist
 };
 
+// The first TCP stage still pending that fails, within kLossGrace, because a
+// peer was lost or timed out; null if none does.
+constexpr auto kLossGrace = std::chrono::milliseconds(500);
+std::exception_ptr crossLoss(std::vector<std::future<void>>& crossed) {
+  const auto until = std::chrono::steady_clock::now() + kLossGrace;
+  for (auto& f : crossed) {
+    if (!f.valid()) continue;
+    if (f.wait_until(until) != std::future_status::ready) return nullptr;
+    try {
+      f.get();
+    } catch (const TimeoutError&) {
+      return std::current_exception();
+    } catch (const PeerLostError&) {
+      return std::current_exception();
+    } catch (...) {
+    }
+  }
+  return nullptr;
+}
+
 }  // namespace
 
 void HierGroup::allreduceStages(const OpDesc& op, const void* in, void* out) {
@@ -250,23 +276,43 @@ void HierGroup::allreduceStages(const OpDesc& op, const void* in, void* out) {
   }
   std::vector<std::future<void>> crossed(numPieces);
   SerialThread tcpStage;  // after the buffers: joined before they go
+  bool crossError = false;
+  auto crossedOk = [&](size_t i) {
+    try {
+      crossed[i].get();
+    } catch (...) {
+      crossError = true;
+      throw;
+    }
+  };
   try {
     for (size_t i = 0; i < numPieces; ++i) {
       scatter(i);
       crossed[i] = tcpStage.submit([&across, i] { across(i); });
       if (i > 0) {
-        crossed[i - 1].get();
+        crossedOk(i - 1);
         gather(i - 1);
       }
     }
-    crossed.back().get();
+    crossedOk(numPieces - 1);
     gather(numPieces - 1);
-  } catch (const Error& e) {
-    crossT_->abort(e.what());  // Note [Pipelined stages]
-    throw;
   } catch (...) {
-    crossT_->abort(errorText("allreduce", rank(), "a stage failed"));
-    throw;
+    // Note [Pipelined stages]: a host that goes away fails this rank's TCP
+    // stage, and may fail its shared-memory stage first, through a local peer
+    // that saw it and left: report the cause, not the echo.
+    std::exception_ptr error = std::current_exception();
+    if (!crossError) {
+      if (std::exception_ptr lost = crossLoss(crossed)) error = lost;
+    }
+    std::string why = errorText("allreduce", rank(), "a stage failed");
+    try {
+      std::rethrow_exception(error);
+    } catch (const std::exception& e) {
+      why = e.what();
+    } catch (...) {
+    }
+    crossT_->abort(why);
+    std::rethrow_exception(error);
   }
 }
 
