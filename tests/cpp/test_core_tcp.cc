@@ -210,26 +210,7 @@ TEST(TcpTransport, CallbacksRunOnTheProgressThreadWhenThePosterWrites) {
   for (auto& t : ts) t->close();
 }
 
-TEST(TcpTransport, SizeMismatchFailsTheReceiveNamingBothAndThePairGoesOn) {
-  auto ts = connectGroup(2, [o = tcpOptions("mismatch")](int) { return o; });
-  auto big = patterned(0, 1, 5, 200000), ok = patterned(0, 1, 6, 10);
-  auto s1 = ts[0]->isend(1, 5, big.data(), big.size());
-  auto s2 = ts[0]->isend(1, 6, ok.data(), ok.size());
-  std::vector<uint8_t> small(100), in(10);
-  try {
-    ts[1]->irecv(0, 5, small.data(), small.size())->wait(after(kWaitMs));
-    FAIL() << "expected a size mismatch";
-  } catch (const Error& e) {
-    std::string m = e.what();
-    EXPECT_NE(m.find("200000 bytes"), std::string::npos) << m;
-    EXPECT_NE(m.find("100 bytes"), std::string::npos) << m;
-    EXPECT_NE(m.find("rank 0 at 127.0.0.1:"), std::string::npos) << m;
-  }
-  ts[1]->irecv(0, 6, in.data(), in.size())->wait(after(kWaitMs));
-  EXPECT_TRUE(in == ok);
-  s1->wait(after(kWaitMs));  // the sender's buffers outlive its sends
-  s2->wait(after(kWaitMs));
-}
+// A size mismatch: the Transport contract (test_core_transport.cc).
 
 // The decoder alone (the fuzzer, tests/fuzz, drives it with arbitrary bytes).
 TEST(TcpFrame, RoundTripsAndRejectsEveryBrokenField) {
