@@ -120,6 +120,29 @@ TEST(TcpTransport, ReceivesBeyondTheBufferBudgetWaitForTheirReceive) {
   for (int k = 0; k < 4; ++k) EXPECT_TRUE(in[k] == out[k]) << "tag " << k;
 }
 
+TEST(TcpTransport, AReceivePostedWhileItsMessageArrivesTakesItOver) {
+  // Note [TCP matching and buffering]: 16 MiB in 64 KiB frames over 3
+  // sockets, its receive posted after delays from none to longer than the
+  // transfer, so that it finds the message not started, partly buffered
+  // (frames still being read, some not yet seen) or whole.
+  auto o = tcpOptions("adopt", 3);
+  o.chunkBytes = 64 << 10;
+  auto ts = connectGroup(2, [&](int) { return o; });
+  const size_t bytes = (16 << 20) + 3;
+  int tag = 0;
+  for (int delayUs : {0, 20, 100, 300, 1000, 3000, 20000}) {
+    for (int rep = 0; rep < 3; ++rep, ++tag) {
+      auto out = patterned(0, 1, tag, bytes);
+      std::vector<uint8_t> in(bytes, 0xEE);
+      auto s = ts[0]->isend(1, tag, out.data(), bytes);
+      std::this_thread::sleep_for(std::chrono::microseconds(delayUs));
+      ts[1]->irecv(0, tag, in.data(), bytes)->wait(after(kWaitMs));
+      s->wait(after(kWaitMs));
+      ASSERT_TRUE(in == out) << "receive posted " << delayUs << " us after the send";
+    }
+  }
+}
+
 TEST(TcpTransport, ManyConcurrentMessagesFromSeveralThreads) {
   const int n = 4, kPerPeer = 60;
   auto ts = connectGroup(n, [o = tcpOptions("many")](int) { return o; });

@@ -47,7 +47,8 @@ void Pair::deliverLocal(const SendOp& s) {
   ++nextMatch_;
   match(m);
   if (!m.recv && !m.discard) {  // a send to oneself is always buffered
-    m.buf.assign(s.data, s.data + s.bytes);
+    m.buf.reset(new uint8_t[s.bytes]);
+    if (s.bytes) std::memcpy(m.buf.get(), s.data, s.bytes);
     m.buffered = true;
     sh_.unexpectedBytes += m.total;
   } else if (m.recv && !m.discard && s.bytes) {
@@ -69,6 +70,7 @@ std::string Pair::addRecv(std::shared_ptr<RecvOp> r) {
       release(m);
     } else {
       m.recv = std::move(r);
+      adopt(m);
     }
     if (m.arrived == m.total) finish(m);
     return retryStalled();
@@ -98,8 +100,24 @@ void Pair::release(InMsg& m) {
   if (!m.buffered) return;
   sh_.unexpectedBytes -= m.total;
   sh_.memoryFreed = true;
-  std::vector<uint8_t>().swap(m.buf);
+  m.buf.reset();
+  std::vector<std::pair<uint64_t, uint64_t>>().swap(m.bufFrames);
   m.buffered = false;
+}
+
+// A receive matched a message that is still arriving into its buffer
+// (Note [TCP matching and buffering]): copy the frames read whole and the
+// part read of frames in progress; their sockets read the rest in place.
+void Pair::adopt(InMsg& m) {
+  if (!m.buffered || m.arrived == m.total) return;  // finish() copies it whole
+  auto copy = [&](uint64_t off, uint64_t len) {
+    if (len) std::memcpy(m.recv->data + off, m.buf.get() + off, len);
+  };
+  for (const auto& f : m.bufFrames) copy(f.first, f.second);
+  for (const auto& c : conns) {
+    if (c && c->inPayload && c->msg == &m) copy(c->cur.offset, c->cur.chunk - c->left);
+  }
+  release(m);
 }
 
 // Called when every byte of `m` arrived: delivers it, or keeps it buffered
@@ -107,7 +125,7 @@ void Pair::release(InMsg& m) {
 void Pair::finish(InMsg& m) {
   if (!m.discard && !m.recv) return;  // unexpected: stays in msgs_
   if (m.recv && !m.discard) {
-    if (m.buffered && m.total) std::memcpy(m.recv->data, m.buf.data(), m.total);
+    if (m.buffered && m.total) std::memcpy(m.recv->data, m.buf.get(), m.total);
     m.recv->req->complete(nullptr);
   }
   release(m);
@@ -246,11 +264,11 @@ std::string Pair::onReadable(Conn& c) {
         c.stalled = true;  // no receive and no room: wait for either
         return "";
       }
-      m.buf.resize(m.total);
+      m.buf.reset(new uint8_t[m.total]);
       m.buffered = true;
       sh_.unexpectedBytes += m.total;
     }
-    uint8_t* base = m.discard ? nullptr : m.buffered ? m.buf.data() : m.recv ? m.recv->data : nullptr;
+    uint8_t* base = m.discard ? nullptr : m.buffered ? m.buf.get() : m.recv ? m.recv->data : nullptr;
     while (c.left > 0) {
       size_t want = static_cast<size_t>(c.left);
       uint8_t* dst;
@@ -271,6 +289,7 @@ std::string Pair::onReadable(Conn& c) {
     }
     c.inPayload = false;
     c.msg = nullptr;
+    if (m.buffered) m.bufFrames.emplace_back(c.cur.offset, c.cur.chunk);
     m.arrived += c.cur.chunk;
     if (m.arrived == m.total) finish(m);
   }
