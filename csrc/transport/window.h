@@ -92,6 +92,10 @@ class Window {
   virtual void abort() = 0;
   // Tells peers this rank left the group (they fail instead of timing out).
   virtual void markClosed() = 0;
+  // Tells peers this rank gave up on the group after an error (`why`): their
+  // waits on it fail at once with `why`, instead of timing out naming this
+  // rank (Note [A rank that gives up]). The first call wins.
+  virtual void giveUp(const std::string& why) = 0;
 };
 
 }  // namespace transport

@@ -226,6 +226,7 @@ class CountingWindow : public transport::Window {
   }
   void abort() override { w_->abort(); }
   void markClosed() override { w_->markClosed(); }
+  void giveUp(const std::string& why) override { w_->giveUp(why); }
 
  private:
   std::unique_ptr<transport::Window> w_;

@@ -691,6 +691,33 @@ TEST(Shutdown, PeerLeavingFailsWaitersFast) {
   });
 }
 
+// Note [A rank that gives up]: a rank that marks its group broken (its op
+// failed because of someone else) fails its peers' waits on it at once, with
+// its reason, not at their deadline naming it. Its later ops fail too.
+TEST(Shutdown, ARankThatGivesUpFailsWaitersAtOnceWithItsReason) {
+  const int n = 3;
+  Group g(n, 4096);
+  const std::string why = "braid allreduce (rank 2): lost rank 7 on host 'far'";
+  runRanks(n, [&](int r) {
+    if (r == 2) {
+      std::this_thread::sleep_for(milliseconds(200));
+      g.comms[2]->markBroken(why);
+      EXPECT_THROW(collectives::barrier(*g.comms[2], barrierDesc()), Error);
+      return;
+    }
+    auto t0 = Clock::now();
+    try {
+      collectives::barrier(*g.comms[r], barrierDesc());
+      ADD_FAILURE() << "barrier returned on rank " << r;
+    } catch (const PeerLostError& e) {
+      EXPECT_NE(std::string(e.what()).find("rank 2 gave up on the group after an error: " + why),
+                std::string::npos)
+          << e.what();
+    }
+    EXPECT_LT(Clock::now() - t0, milliseconds(2000)) << "the barrier's timeout is " << kLong.count();
+  });
+}
+
 // Shutting the p2p engine down completes every pending send and receive
 // with an error (none is lost, none hangs), and later posts throw.
 TEST(Shutdown, P2PShutdownFailsPendingOps) {

@@ -62,11 +62,13 @@ SECRET = "s3cret-of-the-job"
 PEER = re.compile(r"rank (\d+) on host '(braid-h\d+)'")
 # A peer of this host named by a shared-memory stage of the hierarchical allreduce, in the
 # stage's numbering, which the head translates: "stage 3 of 3 (allgather within this host,
-# among ranks 2, 3, where this rank is rank 1 of 2): braid allgather (rank 1): rank 0 left
-# the group" (or "Timed out ... waiting for rank(s) [0]").
+# among ranks 2, 3, where this rank is rank 1 of 2; piece 4 of 4): braid allgather (rank 1):
+# rank 0 left the group" (or "rank 0 gave up on the group after an error: ...", Note [A rank
+# that gives up], or "Timed out ... waiting for rank(s) [0]"); "; piece" only when pipelined.
 LOCAL = re.compile(r"stage [13] of 3 \(\w+(?:-\w+)? within this host, among ranks ([\d, ]+), "
-                   r"where this rank is rank \d+ of \d+\): braid \w+ \(rank \d+\): "
-                   r"(?:rank (\d+) left the group|.*waiting for rank\(s\) \[(\d+)\])")
+                   r"where this rank is rank \d+ of \d+(?:; piece \d+ of \d+)?\): "
+                   r"braid \w+ \(rank \d+\): "
+                   r"(?:rank (\d+) (?:left|gave up on) the group|.*waiting for rank\(s\) \[(\d+)\])")
 
 
 class Stats:

@@ -249,7 +249,9 @@ uint64_t Communicator::maxAnnouncedBytes(uint64_t step) {
 }
 
 void Communicator::markBroken(const std::string& why) {
-  if (broken_.empty()) broken_ = why;
+  if (!broken_.empty()) return;
+  broken_ = why;
+  window_->giveUp(why);  // Note [A rank that gives up]
 }
 
 std::vector<uint64_t> addressesOf(const void* const* ptrs, int n) {

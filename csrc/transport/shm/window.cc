@@ -50,6 +50,19 @@ std::string rankList(const std::vector<int>& ranks) {
 }
 }  // namespace
 
+// Note [A rank that gives up]
+// A rank whose op failed because of a third party (a timeout, a lost peer,
+// or in a hierarchical op a failed stage across hosts) leaves its group
+// broken, and its host mates may be waiting for it in a step it will never
+// publish. Timing out there would blame this rank, a second-hand error, and
+// only at their deadline. So Communicator::markBroken publishes its reason
+// here (gaveUp, then why), pokes its step counter, and every wait on this
+// rank fails at once with that reason, which names the rank or host really
+// lost. A 2 hosts x 2 ranks job whose other host stops: the host mate of
+// the rank whose TCP stage timed out used to time out in the shared-memory
+// stage, naming its host mate, up to a stage later.
+constexpr size_t kWhyBytes = 2048;
+
 struct ShmWindow::RankHeader {
   Counter step;      // the last step this rank published
   Counter activity;  // poked when a peer touches one of this rank's channels
@@ -59,6 +72,8 @@ struct ShmWindow::RankHeader {
   std::atomic<int32_t> closed;
   uint64_t probeAddr;   // address, in this process, of a word holding probeValue
   uint64_t probeValue;
+  std::atomic<int32_t> gaveUp;  // why holds the reason once set (release/acquire)
+  char why[kWhyBytes];
 };
 
 namespace {
@@ -94,6 +109,7 @@ ShmWindow::ShmWindow(int rank, int size, size_t slotBytes, size_t controlBytes,
       slotBytes_(slotBytes),
       controlBytes_(controlBytes),
       channelBytes_(channelBytes) {
+  static_assert(sizeof(RankHeader) <= kHeaderBytes, "the rank header outgrew its page");
   controlOffset_ = kHeaderBytes;
   dataOffset_ = roundUp(controlOffset_ + kSlots * controlBytes_, 4096);
   channelOffset_ = roundUp(dataOffset_ + kSlots * slotBytes_, 4096);
@@ -166,6 +182,7 @@ std::unique_ptr<ShmWindow> ShmWindow::create(Store& store, int rank, int size,
     h->totalBytes = w->totalBytes_;
     h->pid = getpid();
     h->closed.store(0);
+    h->gaveUp.store(0);
     w->probe_ = std::make_unique<uint64_t>(0x9e3779b97f4a7c15ULL ^ (uint64_t(rank) << 17));
     h->probeAddr = reinterpret_cast<uint64_t>(w->probe_.get());
     h->probeValue = *w->probe_;
@@ -246,6 +263,13 @@ void ShmWindow::publish(uint64_t step) { header(rank_)->step.publish(step); }
 
 bool ShmWindow::peerGone(int peer, std::string* why) {
   RankHeader* h = header(peer);
+  if (h->gaveUp.load(std::memory_order_acquire)) {
+    if (why) {
+      *why = strCat("rank ", peer, " gave up on the group after an error: ",
+                    std::string(h->why, strnlen(h->why, kWhyBytes)));
+    }
+    return true;
+  }
   if (h->closed.load(std::memory_order_acquire)) {
     if (why) *why = strCat("rank ", peer, " left the group (destroyed it or exited)");
     return true;
@@ -349,6 +373,19 @@ void ShmWindow::abort() {
     }
   }
   header(rank_)->activity.poke();
+}
+
+void ShmWindow::giveUp(const std::string& why) {
+  if (segments_.empty() || !segments_[rank_].base() || gaveUp_.exchange(true)) return;
+  RankHeader* h = header(rank_);
+  const size_t n = std::min(why.size(), kWhyBytes - 1);
+  std::memcpy(h->why, why.data(), n);
+  h->why[n] = '\0';
+  h->gaveUp.store(1, std::memory_order_release);
+  h->step.poke();
+  for (int r = 0; r < size_; ++r) {
+    if (r != rank_ && segments_[r].base()) header(r)->activity.poke();
+  }
 }
 
 void ShmWindow::markClosed() {

@@ -57,6 +57,7 @@ class ShmWindow : public Window {
                 const WaitContext& ctx) override;
   void abort() override;
   void markClosed() override;
+  void giveUp(const std::string& why) override;
 
  private:
   struct RankHeader;
@@ -75,6 +76,7 @@ class ShmWindow : public Window {
   std::vector<Segment> segments_;  // by rank; segments_[rank_] is ours
   std::vector<std::unique_ptr<RingChannel>> to_, from_;
   std::atomic<bool> aborted_{false};
+  std::atomic<bool> gaveUp_{false};
   std::chrono::nanoseconds spin_{0};  // Note [Spin, then sleep]; fixed when the group is made
   bool canReadPeers_ = false;
   std::vector<int> pids_;
