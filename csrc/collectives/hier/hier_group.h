@@ -21,8 +21,8 @@
 // over shared memory, leaving local rank l with section l of the host's sum;
 // an allreduce of section l across hosts in cross group l (the L cross groups
 // run at once, each over its own sockets); an allgather of the sections
-// within the host; with BRAID_HIER_PIPELINE_BYTES, large buffers go through
-// the stages piece by piece, pipelined (Note [Pipelined stages]). Each byte crosses the network once per
+// within the host; large buffers go through the stages in pieces of
+// BRAID_HIER_PIPELINE_BYTES, pipelined (Note [Pipelined stages]). Each byte crosses the network once per
 // host, not once per rank: a flat ring over n = H x L ranks sends 2(n-1)/n of
 // the buffer per rank, L times that per host, where the hierarchy sends
 // 2(H-1)/H per host in all. Everything else (smaller allreduces, groups with one rank per host
