@@ -192,17 +192,23 @@ INSTANTIATE_TEST_SUITE_P(Net, Worlds, ::testing::Values(1, 2, 3, 4, 5));
 
 // ~1M elements (4 MiB of fp32, 2 MiB of bf16) through the ring and the default
 // threshold; PREMUL_SUM as the backend passes it (input scaled, then SUM).
-TEST(NetLarge, AllreduceReduceScatterAllgatherMiB) {
-  const int n = 3;
+// Many segments per block: the ring (3 ranks) and the two-rank exchange
+// (Note [Two-rank allreduce]), whose last segment is short.
+class NetLarge : public ::testing::TestWithParam<int> {};
+
+TEST_P(NetLarge, AllreduceReduceScatterAllgatherMiB) {
+  const int n = GetParam();
   const size_t count = (1 << 20) + 3;
   NetGroup g(n, NetConfig{}.allreduceRingMin);
   runRanks(n, [&](int r) {
     NetComm& c = *g.comms[r];
     for (DataType t : {DataType::kFloat32, DataType::kBFloat16}) {
-      auto in = filled(t, ReduceOp::kSum, r, count);
-      std::vector<uint8_t> out(in.size());
-      net::allreduce(c, desc(OpKind::kAllreduce, count, t), in.data(), out.data());
-      EXPECT_EQ(badReduced(t, ReduceOp::kSum, n, out.data(), count), 0u) << toString(t);
+      for (ReduceOp op : {ReduceOp::kSum, ReduceOp::kAvg}) {
+        auto in = filled(t, op, r, count);
+        std::vector<uint8_t> out(in.size());
+        net::allreduce(c, desc(OpKind::kAllreduce, count, t, 0, op), in.data(), out.data());
+        EXPECT_EQ(badReduced(t, op, n, out.data(), count), 0u) << toString(t) << " " << toString(op);
+      }
     }
     // PREMUL_SUM by 0.5: the caller scales, the op runs as SUM.
     auto in = filled(DataType::kFloat32, ReduceOp::kSum, r, count);
@@ -223,6 +229,8 @@ TEST(NetLarge, AllreduceReduceScatterAllgatherMiB) {
     EXPECT_EQ(bad, 0u) << "allgather";
   });
 }
+
+INSTANTIATE_TEST_SUITE_P(Net, NetLarge, ::testing::Values(2, 3));
 
 // Note [Collectives over messages]: a ring that rounded to bf16 at every hop
 // would lose 2^-8 + 2^-8 against 1 in some blocks (1 + 2^-8 ties to 1);

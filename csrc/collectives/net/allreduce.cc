@@ -1,7 +1,9 @@
+#include <algorithm>
 #include <vector>
 
 #include "collectives/net/collectives.h"
 #include "collectives/net/ring.h"
+#include "reduce/reduce.h"
 
 namespace braid {
 namespace collectives {
@@ -29,9 +31,65 @@ void allreduceDirect(NetComm& c, const OpDesc& op, const void* in, void* out) {
   if (op.count) reduceAll(op, out, srcs.data(), n, op.count);
 }
 
+// Note [Two-rank allreduce]
+// With two ranks the ring's reduce-scatter and allgather are one exchange
+// each way, and they need not follow each other: each rank receives the
+// peer's half of its own block segment by segment, reduces each segment as
+// it lands, and sends the finished segment straight back, while the rest of
+// the reduce-scatter is still on the wire. The link carries both halves at
+// once and there is no bubble between them (2 hosts x 1 rank over veth,
+// 64 MiB, 4 alternating runs of 30 ops: median 47 ms in two phases, 45 ms
+// fused). The bytes and the order of every reduction are those of the ring
+// (mine, then the peer's), so the bits are too. The finished segments are
+// received straight into place in `out`, which the reduce-scatter is still
+// sending from: safe, because the peer finishes segment k only after all of
+// this rank's segment k arrived, so those bytes have left this buffer.
+void allreducePair(NetComm& c, const OpDesc& op, const void* in, void* out) {
+  c.begin(op, NetAlgo::kRing);
+  const int me = c.rank(), peer = 1 - me;
+  const WorkType w = workTypeOf(op);
+  const size_t es = elementSize(op.dtype), we = w.elem();
+  std::vector<uint8_t> wide;
+  uint8_t* work = static_cast<uint8_t*>(out);
+  if (w.widened) {
+    wide.resize(op.count * we);
+    work = wide.data();
+  }
+  toWork(w, op.dtype, work, in, in == out && !w.widened ? 0 : op.count);
+  size_t b[2], e[2];
+  for (int r = 0; r < 2; ++r) partition(op.count, 2, r, 1, &b[r], &e[r]);
+  const size_t seg = std::max<size_t>(1, kSegmentBytes / we);
+  const size_t mine = e[me] - b[me], theirs = e[peer] - b[peer];
+  uint8_t* tmp = c.scratch(mine * we);
+  uint8_t* myWork = work + b[me] * we;
+  uint8_t* myOut = static_cast<uint8_t*>(out) + b[me] * es;
+  const size_t first = c.posted();
+  for (size_t off = 0; off < mine; off += seg) {
+    c.recv(peer, 1, tmp + off * we, std::min(seg, mine - off) * we);
+  }
+  for (size_t off = 0; off < theirs; off += seg) {
+    c.recv(peer, 2, static_cast<uint8_t*>(out) + (b[peer] + off) * es,
+           std::min(seg, theirs - off) * es);
+  }
+  for (size_t off = 0; off < theirs; off += seg) {
+    c.send(peer, 1, work + (b[peer] + off) * we, std::min(seg, theirs - off) * we);
+  }
+  size_t k = first;
+  for (size_t off = 0; off < mine; off += seg, ++k) {
+    const size_t len = std::min(seg, mine - off);
+    c.waitPosted(k);
+    const void* srcs[2] = {myWork + off * we, tmp + off * we};
+    reduce::reduceN(w.type, w.kernelOp, myWork + off * we, srcs, 2, len);
+    finishBlock(w, op.dtype, op.redop, 2, myOut + off * es, myWork + off * we, len);
+    c.send(peer, 2, myOut + off * es, len * es);
+  }
+  c.wait();
+}
+
 // Ring reduce-scatter + ring allgather over n nearly equal blocks (some empty
 // when count < n): each rank sends and receives 2(n-1)/n of the buffer.
 void allreduceRing(NetComm& c, const OpDesc& op, const void* in, void* out) {
+  if (c.size() == 2) return allreducePair(c, op, in, out);
   c.begin(op, NetAlgo::kRing);
   const int n = c.size(), me = c.rank();
   const WorkType w = workTypeOf(op);

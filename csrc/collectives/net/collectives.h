@@ -16,6 +16,7 @@ namespace net {
 // config().allreduceRingMin bytes, else a direct exchange.
 void allreduce(NetComm& c, const OpDesc& op, const void* in, void* out);
 void allreduceRing(NetComm& c, const OpDesc& op, const void* in, void* out);
+void allreducePair(NetComm& c, const OpDesc& op, const void* in, void* out);  // 2 ranks
 void allreduceDirect(NetComm& c, const OpDesc& op, const void* in, void* out);
 
 // buf: input on the root, output elsewhere. Binomial tree.

@@ -35,7 +35,8 @@
 // turn. Aborting ends the whole transport: one NetComm per transport group.
 // Algorithms (net/collectives.h): allreduce is a ring reduce-scatter + ring
 // allgather from BRAID_NET_ALLREDUCE_RING_MIN bytes (bandwidth-optimal: each
-// rank sends 2(n-1)/n of the buffer), and below it a direct exchange (every
+// rank sends 2(n-1)/n of the buffer; with two ranks the two run as one
+// stream, Note [Two-rank allreduce]), and below it a direct exchange (every
 // rank sends its whole input to every peer and reduces all n in rank order:
 // one latency, the shm one-shot's bits); the threshold travels in the header.
 // float16/bfloat16 SUM/AVG/PRODUCT rings carry their partial results as
