@@ -49,12 +49,7 @@ void allreducePair(NetComm& c, const OpDesc& op, const void* in, void* out) {
   const int me = c.rank(), peer = 1 - me;
   const WorkType w = workTypeOf(op);
   const size_t es = elementSize(op.dtype), we = w.elem();
-  std::vector<uint8_t> wide;
-  uint8_t* work = static_cast<uint8_t*>(out);
-  if (w.widened) {
-    wide.resize(op.count * we);
-    work = wide.data();
-  }
+  uint8_t* work = w.widened ? c.workspace(op.count * we) : static_cast<uint8_t*>(out);
   toWork(w, op.dtype, work, in, in == out && !w.widened ? 0 : op.count);
   size_t b[2], e[2];
   for (int r = 0; r < 2; ++r) partition(op.count, 2, r, 1, &b[r], &e[r]);
@@ -94,12 +89,7 @@ void allreduceRing(NetComm& c, const OpDesc& op, const void* in, void* out) {
   const int n = c.size(), me = c.rank();
   const WorkType w = workTypeOf(op);
   const size_t es = elementSize(op.dtype);
-  std::vector<uint8_t> wide;
-  uint8_t* work = static_cast<uint8_t*>(out);
-  if (w.widened) {
-    wide.resize(op.count * w.elem());
-    work = wide.data();
-  }
+  uint8_t* work = w.widened ? c.workspace(op.count * w.elem()) : static_cast<uint8_t*>(out);
   toWork(w, op.dtype, work, in, in == out && !w.widened ? 0 : op.count);
   std::vector<uint8_t*> wblocks(n), oblocks(n);
   std::vector<size_t> counts(n);

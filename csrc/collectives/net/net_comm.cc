@@ -109,6 +109,11 @@ uint8_t* NetComm::scratch(size_t bytes) {
   return scratch_.data();
 }
 
+uint8_t* NetComm::workspace(size_t bytes) {
+  if (workspace_.size() < bytes) workspace_.resize(bytes);
+  return workspace_.data();
+}
+
 void NetComm::fail(const Pending& p, const char* kind, const std::string& text, bool timeout,
                    bool lost) {
   std::string msg;

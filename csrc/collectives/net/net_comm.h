@@ -129,6 +129,9 @@ class NetComm {
   // Scratch memory of at least `bytes`, kept between ops (no page faults and
   // no zeroing on the common path). Valid until the next call.
   uint8_t* scratch(size_t bytes);
+  // A second such buffer, apart from scratch(): an op's working copy of its
+  // whole buffer (widened halves, a reduce's partials). Valid until the next call.
+  uint8_t* workspace(size_t bytes);
 
   void markBroken(const std::string& why);
   const std::string& brokenReason() const { return broken_; }
@@ -159,7 +162,7 @@ class NetComm {
   const char* opName_ = "";
   OpDesc cur_;
   std::vector<Pending> pending_;
-  std::vector<uint8_t> scratch_;
+  std::vector<uint8_t> scratch_, workspace_;
   std::string broken_;
 };
 

@@ -34,8 +34,8 @@ void reduce(NetComm& c, const OpDesc& op, const void* in, void* out) {
   }
   c.begin(op, NetAlgo::kRing);
   const WorkType w = workTypeOf(op);
-  std::vector<uint8_t> work(op.count * w.elem());
-  toWork(w, op.dtype, work.data(), in, op.count);
+  uint8_t* work = c.workspace(op.count * w.elem());
+  toWork(w, op.dtype, work, in, op.count);
   std::vector<uint8_t*> blocks(n);
   std::vector<size_t> counts(n), begins(n);
   for (int r = 0; r < n; ++r) {
@@ -43,7 +43,7 @@ void reduce(NetComm& c, const OpDesc& op, const void* in, void* out) {
     partition(op.count, n, r, 1, &b, &e);
     counts[r] = e - b;
     begins[r] = b;
-    blocks[r] = work.data() + b * w.elem();
+    blocks[r] = work + b * w.elem();
   }
   ringReduceScatter(c, w, blocks.data(), counts.data(), 1);
   const uint32_t gatherStep = n;

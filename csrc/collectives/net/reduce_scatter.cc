@@ -31,11 +31,11 @@ void reduceScatter(NetComm& c, const OpDesc& op, const void* const* ins, void* o
   c.begin(op, NetAlgo::kRing);
   const WorkType w = workTypeOf(op);
   const size_t wb = op.count * w.elem();
-  std::vector<uint8_t> work(wb * n);
+  uint8_t* work = c.workspace(wb * n);
   std::vector<uint8_t*> blocks(n);
   std::vector<size_t> counts(n, op.count);
   for (int r = 0; r < n; ++r) {
-    blocks[r] = work.data() + r * wb;
+    blocks[r] = work + r * wb;
     toWork(w, op.dtype, blocks[r], ins[r], op.count);
   }
   ringReduceScatter(c, w, blocks.data(), counts.data(), 1);
