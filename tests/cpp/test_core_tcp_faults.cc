@@ -20,6 +20,7 @@ using testing::FakePeer;
 using testing::tcpOptions;
 using transport::tcp::FrameHeader;
 using transport::tcp::Opcode;
+using transport::tcp::kMaxGoodbyeBytes;
 using transport::tcp::TcpOptions;
 
 class TcpFaults : public ::testing::Test {
@@ -249,6 +250,14 @@ TEST_F(TcpFaults, BrokenFramesCloseTheConnectionNamingThePeer) {
       {"backwards", {frame(0, 200000, 65536, 65536), frame(0, 200000, 0, 65536)}, "out-of-order"},
       {"tag", {frame(0, 200000, 0, 65536, 3), frame(0, 200000, 65536, 65536, 8)}, "tag 8"},
       {"source", {[] { auto h = frame(0, 10, 0, 10); h.source = 0; return h; }()}, "claims source"},
+      // Note [Saying why on the way out]: a goodbye fails the pair with its
+      // reason, control bytes shown as '?'; a malformed one is a broken frame.
+      {"goodbye", {[] { FrameHeader h; h.opcode = Opcode::kGoodbye; h.source = 1; h.chunk = 0; return h; }()},
+       "it left (no reason given)"},
+      {"goodbye fields", {[] { FrameHeader h; h.opcode = Opcode::kGoodbye; h.source = 1; h.seq = 2; return h; }()},
+       "goodbye frame of 0 bytes with non-zero message fields"},
+      {"goodbye length", {[] { FrameHeader h; h.opcode = Opcode::kGoodbye; h.source = 1; h.chunk = kMaxGoodbyeBytes + 1; return h; }()},
+       "longer than 1024"},
   };
   for (auto& c : cases) {
     SCOPED_TRACE(c.name);
@@ -274,9 +283,32 @@ TEST_F(TcpFaults, AbortFromAnotherThreadFailsPendingAndLaterOps) {
   std::thread([&] { ts[0]->abort("test abort"); }).join();
   EXPECT_HAS(waitError(mine), "aborted: test abort");
   EXPECT_HAS(waitError(ts[0]->isend(1, 2, buf.data(), 1), 1000), "aborted: test abort");
-  std::string e = waitError(theirs);  // the peer sees rank 0 leave
+  std::string e = waitError(theirs);  // the peer sees rank 0 leave, and why
   EXPECT_HAS(e, "rank 0 at 127.0.0.1:");
+  EXPECT_HAS(e, "it left: test abort");  // Note [Saying why on the way out]
   EXPECT_EQ(e.find("TIMEOUT"), std::string::npos) << e;
+}
+
+TEST_F(TcpFaults, AGoodbyeMidStreamFailsThePairWithItsReason) {
+  FakeGroup g("goodbye");
+  std::vector<uint8_t> big(1 << 20), small(10);
+  auto r1 = g.real->irecv(1, 3, big.data(), big.size());
+  auto r2 = g.real->irecv(1, 4, small.data(), small.size());
+  g.fake->frame(frame(0, big.size(), 0, 65536));
+  std::vector<uint8_t> part(65536, 7);
+  g.fake->write(part.data(), part.size());
+  const std::string why = "braid allreduce (rank 1): lost rank 3 on host 'h1'\n";
+  FrameHeader bye;
+  bye.opcode = Opcode::kGoodbye;
+  bye.source = 1;
+  bye.chunk = static_cast<uint32_t>(why.size());
+  g.fake->frame(bye);
+  g.fake->write(why.data(), why.size());
+  for (auto& r : {r1, r2}) {
+    std::string e = waitError(r);
+    EXPECT_HAS(e, "rank 1 at 127.0.0.1:9");
+    EXPECT_HAS(e, "it left: braid allreduce (rank 1): lost rank 3 on host 'h1'?");
+  }
 }
 
 TEST_F(TcpFaults, ThreadsAndSocketsExistOnlyWhileTheGroupDoes) {

@@ -44,13 +44,19 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
       check(!why.empty());
       break;
     }
+    uint8_t again[kFrameHeaderBytes];
+    encodeFrame(h, again);
+    check(std::memcmp(again, p, kFrameHeaderBytes) == 0);
+    if (h.opcode == Opcode::kGoodbye) {  // a short reason, no message; the stream ends
+      check(h.chunk <= kMaxGoodbyeBytes && !h.tag && !h.seq && !h.total && !h.offset);
+      check(order.check(h, &why) == (h.source == (data[0] & 3u)));
+      break;
+    }
+    check(h.opcode == Opcode::kData);
     // What decodeFrame promises.
     check(h.chunk <= kMaxChunkBytes && h.total <= kMaxMessageBytes);
     check(h.offset <= h.total && h.chunk <= h.total - h.offset);
     check(h.chunk > 0 || h.total == 0);
-    uint8_t again[kFrameHeaderBytes];
-    encodeFrame(h, again);
-    check(std::memcmp(again, p, kFrameHeaderBytes) == 0);
     p += kFrameHeaderBytes;
     n -= kFrameHeaderBytes;
     if (!order.check(h, &why)) {

@@ -58,7 +58,7 @@ DecodeStatus decodeFrame(const uint8_t* p, size_t n, FrameHeader* h, std::string
     return invalid("frame version " + std::to_string(h->version) + ", expected " +
                    std::to_string(kFrameVersion));
   }
-  if (p[5] != static_cast<uint8_t>(Opcode::kData)) {
+  if (p[5] != static_cast<uint8_t>(Opcode::kData) && p[5] != static_cast<uint8_t>(Opcode::kGoodbye)) {
     return invalid("unknown frame opcode " + std::to_string(p[5]));
   }
   h->opcode = static_cast<Opcode>(p[5]);
@@ -70,6 +70,14 @@ DecodeStatus decodeFrame(const uint8_t* p, size_t n, FrameHeader* h, std::string
   h->seq = get<uint64_t>(p + 24);
   h->total = get<uint64_t>(p + 32);
   h->offset = get<uint64_t>(p + 40);
+  if (h->opcode == Opcode::kGoodbye) {
+    if (h->chunk > kMaxGoodbyeBytes || h->tag || h->seq || h->total || h->offset) {
+      return invalid("goodbye frame of " + std::to_string(h->chunk) +
+                     " bytes with non-zero message fields, or longer than " +
+                     std::to_string(kMaxGoodbyeBytes));
+    }
+    return DecodeStatus::kOk;
+  }
   std::string where = "message " + std::to_string(h->seq) + " (total " +
                       std::to_string(h->total) + " bytes): chunk of " +
                       std::to_string(h->chunk) + " bytes at offset " + std::to_string(h->offset);
@@ -93,6 +101,7 @@ bool SocketOrder::check(const FrameHeader& h, std::string* why) {
     return fail(why, "frame claims source rank " + std::to_string(h.source) + " on the socket of rank " +
                          std::to_string(peer_));
   }
+  if (h.opcode == Opcode::kGoodbye) return true;  // the last frame: no order to keep
   bool forward = !any_ || h.seq > seq_ || (h.seq == seq_ && h.offset >= end_ && h.chunk > 0);
   if (!forward) {
     return fail(why, "out-of-order frame: message " + std::to_string(h.seq) + " offset " +

@@ -9,7 +9,7 @@
 //   off size field
 //     0    4 magic    "BRTF" (0x46545242)
 //     4    1 version  1
-//     5    1 opcode   1 = data; anything else closes the connection
+//     5    1 opcode   1 = data, 2 = goodbye; anything else closes the connection
 //     6    2 flags    0 (non-zero is rejected: no silent extensions)
 //     8    4 source   the sender's rank (must be the socket's peer)
 //    12    4 chunk    payload bytes in this frame, <= kMaxChunkBytes
@@ -34,6 +34,12 @@
 //   (both named) and discards that message's bytes; the pair stays usable.
 // Receives are matched per source in seq order (Note [TCP matching and
 // buffering], tcp/pair.h).
+// Goodbye (Note [Saying why on the way out]): a rank whose transport is
+// aborted (its op failed, or its group is shut down) writes, on every socket
+// that is between frames, one goodbye frame whose payload is the reason
+// (chunk <= kMaxGoodbyeBytes; tag, seq, total and offset 0), then closes. The
+// receiver fails the pair with that reason, so a rank that learns of a lost
+// host second hand, from a rank that left because of it, still names it.
 #pragma once
 
 #include <cstddef>
@@ -50,7 +56,8 @@ constexpr size_t kFrameHeaderBytes = 48;
 constexpr uint32_t kMaxChunkBytes = 1u << 30;
 constexpr uint64_t kMaxMessageBytes = uint64_t(1) << 48;
 
-enum class Opcode : uint8_t { kData = 1 };
+enum class Opcode : uint8_t { kData = 1, kGoodbye = 2 };
+constexpr uint32_t kMaxGoodbyeBytes = 1024;
 
 struct FrameHeader {
   uint8_t version = kFrameVersion;

@@ -100,7 +100,7 @@ bool TcpTransport::handleBatch(const epoll_event* evs, int n) {
     why = abortWhy_;
   }
   if (closing) return false;
-  if (aborted) teardown("aborted: " + why);
+  if (aborted) teardown("aborted: " + why, &why);
   adoptPosts();
   runDeferred();
   if (shared_.memoryFreed) retryMemoryWaiters();

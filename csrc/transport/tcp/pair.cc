@@ -249,6 +249,7 @@ std::string Pair::onReadable(Conn& c) {
       c.msg = nullptr;
       c.left = c.cur.chunk;
     }
+    if (c.cur.opcode == Opcode::kGoodbye) return readGoodbye(c);
     if (!c.msg) {
       std::string why;
       c.msg = locate(c.cur, &why);
@@ -294,6 +295,26 @@ std::string Pair::onReadable(Conn& c) {
     if (m.arrived == m.total) finish(m);
   }
   return "";
+}
+
+// The peer is leaving and says why (Note [Saying why on the way out]): the
+// pair fails with its reason.
+std::string Pair::readGoodbye(Conn& c) {
+  while (c.left > 0) {
+    char buf[kMaxGoodbyeBytes];
+    ssize_t n = ::recv(c.fd, buf, static_cast<size_t>(c.left), 0);
+    if (n == 0) return "closed the connection in the middle of its goodbye";
+    if (n < 0 && (errno == EAGAIN || errno == EWOULDBLOCK)) return "";
+    if (n < 0 && errno == EINTR) continue;
+    if (n < 0) return sysError("recv failed");
+    c.goodbye.append(buf, static_cast<size_t>(n));
+    c.left -= static_cast<uint64_t>(n);
+  }
+  std::string why = c.goodbye;
+  for (char& ch : why) {
+    if (static_cast<unsigned char>(ch) < 0x20 || ch == 0x7f) ch = '?';  // one log line
+  }
+  return why.empty() ? "it left (no reason given)" : "it left: " + why;
 }
 
 std::string Pair::retryStalled() {

@@ -99,6 +99,7 @@ struct Conn {
   FrameHeader cur;
   InMsg* msg = nullptr;
   uint64_t left = 0;
+  std::string goodbye;  // the peer's reason, as its goodbye frame arrives
   SocketOrder order{0};
 };
 
@@ -141,6 +142,7 @@ class Pair {
 
  private:
   bool nextChunk(Conn& c);
+  std::string readGoodbye(Conn& c);
   std::string pumpWrites();
   void deliverLocal(const SendOp& s);
   InMsg* locate(const FrameHeader& h, std::string* why);

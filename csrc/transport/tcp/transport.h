@@ -125,7 +125,10 @@ class TcpTransport : public Transport {
   void expireHandshakes();
   void retryMemoryWaiters();
   void updateConnected();
-  void teardown(const std::string& why);
+  // Fails everything and closes every socket; with `goodbye`, first tells
+  // each peer why (Note [Saying why on the way out]).
+  void teardown(const std::string& why, const std::string* goodbye = nullptr);
+  void sayGoodbye(Conn& c, const std::string& why);
 
   const int rank_, size_;
   const int logRank_;  // TcpOptions::logRank, resolved
