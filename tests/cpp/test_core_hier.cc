@@ -261,8 +261,9 @@ TEST(Hier, LostHostFailsTheOthersNamingIt) {
       ADD_FAILURE() << "rank " << r << ": no error";
     } catch (const Error& e) {
       // Rank 3, or a rank that saw it leave and left too, before this one saw
-      // rank 3 itself (a loaded machine; TCP has no give-up reason yet, unlike
-      // Note [A rank that gives up]): a rank with its host, never a timeout.
+      // rank 3 itself (a loaded machine). That rank's goodbye usually quotes
+      // rank 3 (Note [Saying why on the way out]) but is best effort: so a
+      // rank with its host, never a timeout.
       const std::string what = e.what();
       const bool names = what.find("rank 3 on host 'h1'") != std::string::npos ||
                          what.find("rank 2 on host 'h1'") != std::string::npos ||
