@@ -78,11 +78,17 @@ void runTaken(Engine::Queue& q, Engine::Job& job, bool nested) {
     job.finish(error);
   }
   if (nested) return;
+  bool wake;
   {
     std::lock_guard<std::mutex> lock(q.mu);
     q.running = false;
+    // The worker waits for a next job, drain() and shutdown() for this one to
+    // end. Nobody else: waking the idle worker after every op a caller ran
+    // itself cost a context switch per op (Note [Running a job on the
+    // waiting thread]).
+    wake = !q.jobs.empty() || q.idleWaiters > 0 || q.stop;
   }
-  q.cv.notify_all();  // the worker may wait for the next job, shutdown for this one
+  if (wake) q.cv.notify_all();
 }
 }  // namespace
 
@@ -143,7 +149,9 @@ void Engine::drain() {
   auto waitEmpty = [&q] {
     std::unique_lock<std::mutex> lock(q.mu);
     if (q.running && q.runner == std::this_thread::get_id()) return;
+    ++q.idleWaiters;
     q.cv.wait(lock, [&] { return q.stop || (q.jobs.empty() && !q.running); });
+    --q.idleWaiters;
   };
   if (auto wrap = blockingWrapper.load()) {
     wrap(waitEmpty);
@@ -180,7 +188,10 @@ void Engine::shutdown() {
     // Its completion may run Python callbacks, so wait without the GIL.
     auto waitIdle = [&q] {
       std::unique_lock<std::mutex> lock(q.mu);
-      if (q.runner != std::this_thread::get_id()) q.cv.wait(lock, [&] { return !q.running; });
+      if (q.runner == std::this_thread::get_id()) return;
+      ++q.idleWaiters;
+      q.cv.wait(lock, [&] { return !q.running; });
+      --q.idleWaiters;
     };
     if (auto wrap = blockingWrapper.load()) {
       wrap(waitIdle);

@@ -67,6 +67,7 @@ class Engine {
     uint64_t lastId = 0;
     bool stop = false;
     bool running = false;
+    int idleWaiters = 0;  // drain() and shutdown() waiting for !running
     std::thread::id runner;
     // steady_clock ticks when the running job's `finish` began, 0 before.
     std::atomic<int64_t> finishingSince{0};
