@@ -222,12 +222,9 @@ void HierGroup::allreduceStages(const OpDesc& op, const void* in, void* out) {
     p.q = (p.count + L - 1) / L;
     sections += p.q;
   }
-  if (sectionsBytes_ < sections * es) {
-    sections_.reset(new uint8_t[sections * es]);
-    sectionsBytes_ = sections * es;
-  }
+  if (sections_.size() < sections * es) sections_.resize(sections * es);
   for (size_t i = 0, at = 0; i < numPieces; ++i) {
-    pieces[i].mine = sections_.get() + at * es;
+    pieces[i].mine = sections_.data() + at * es;
     at += pieces[i].q;
     cut(pieces[i], L, es, static_cast<const uint8_t*>(in), static_cast<uint8_t*>(out));
   }

@@ -43,6 +43,7 @@
 #include <memory>
 #include <mutex>
 #include <optional>
+#include <vector>
 
 #include "collectives/group.h"
 #include "collectives/net/net_comm.h"
@@ -102,8 +103,7 @@ class HierGroup : public Group {
   // This rank's sections of the staged allreduce, kept between ops: a fresh
   // zeroed buffer cost a memset and a page fault per 4 KiB of every op
   // (allreduceStages; ops run one at a time).
-  std::unique_ptr<uint8_t[]> sections_;
-  size_t sectionsBytes_ = 0;
+  std::vector<uint8_t> sections_;
 };
 
 }  // namespace collectives

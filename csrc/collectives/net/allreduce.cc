@@ -31,6 +31,18 @@ void allreduceDirect(NetComm& c, const OpDesc& op, const void* in, void* out) {
   if (op.count) reduceAll(op, out, srcs.data(), n, op.count);
 }
 
+namespace {
+
+// The buffer an allreduce reduces in: `out` itself, or the workspace when
+// partials travel widened; holds `in` in the working type on return.
+uint8_t* workingCopy(NetComm& c, const OpDesc& op, const WorkType& w, const void* in, void* out) {
+  uint8_t* work = w.widened ? c.workspace(op.count * w.elem()) : static_cast<uint8_t*>(out);
+  toWork(w, op.dtype, work, in, in == out && !w.widened ? 0 : op.count);
+  return work;
+}
+
+}  // namespace
+
 // Note [Two-rank allreduce]
 // With two ranks the ring's reduce-scatter and allgather are one exchange
 // each way, and they need not follow each other: each rank receives the
@@ -49,8 +61,7 @@ void allreducePair(NetComm& c, const OpDesc& op, const void* in, void* out) {
   const int me = c.rank(), peer = 1 - me;
   const WorkType w = workTypeOf(op);
   const size_t es = elementSize(op.dtype), we = w.elem();
-  uint8_t* work = w.widened ? c.workspace(op.count * we) : static_cast<uint8_t*>(out);
-  toWork(w, op.dtype, work, in, in == out && !w.widened ? 0 : op.count);
+  uint8_t* work = workingCopy(c, op, w, in, out);
   size_t b[2], e[2];
   for (int r = 0; r < 2; ++r) partition(op.count, 2, r, 1, &b[r], &e[r]);
   const size_t seg = std::max<size_t>(1, kSegmentBytes / we);
@@ -89,8 +100,7 @@ void allreduceRing(NetComm& c, const OpDesc& op, const void* in, void* out) {
   const int n = c.size(), me = c.rank();
   const WorkType w = workTypeOf(op);
   const size_t es = elementSize(op.dtype);
-  uint8_t* work = w.widened ? c.workspace(op.count * w.elem()) : static_cast<uint8_t*>(out);
-  toWork(w, op.dtype, work, in, in == out && !w.widened ? 0 : op.count);
+  uint8_t* work = workingCopy(c, op, w, in, out);
   std::vector<uint8_t*> wblocks(n), oblocks(n);
   std::vector<size_t> counts(n);
   for (int r = 0; r < n; ++r) {

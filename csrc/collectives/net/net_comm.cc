@@ -261,23 +261,22 @@ void NetComm::checkHeaders(const OpDesc& op, NetAlgo algo, const std::vector<uin
     const OpHeader& o = at(p)->op;
     if (o.failed || o.magic != kNetMagic) checkOpHeader(me, rank_, p, o, h->op);
   }
+  // Note [Settings that shape an op]: a setting the op's steps depend on.
+  auto sameSetting = [&](int p, const char* name, uint64_t theirs, uint64_t mine) {
+    if (theirs == mine) return;
+    BRAID_THROW(Error, me, rank_, "rank ", p, " runs with ", name, "=", theirs,
+                ", this rank with ", name, "=", mine,
+                " (settings that shape an op must be equal on every rank)");
+  };
   for (int p = 0; p < n; ++p) {
     const NetHeader* o = at(p);
     checkOpHeader(me, rank_, p, o->op, h->op);
-    if (usesRingMin(op.kind) && o->ringMin != h->ringMin) {
-      BRAID_THROW(Error, me, rank_, "rank ", p, " runs with BRAID_NET_ALLREDUCE_RING_MIN=",
-                  o->ringMin, ", this rank with BRAID_NET_ALLREDUCE_RING_MIN=", h->ringMin,
-                  " (settings that shape an op must be equal on every rank)");
+    if (usesRingMin(op.kind)) {
+      sameSetting(p, "BRAID_NET_ALLREDUCE_RING_MIN", o->ringMin, h->ringMin);
     }
-    if (op.kind == OpKind::kAllreduce && o->hierMin != h->hierMin) {
-      BRAID_THROW(Error, me, rank_, "rank ", p, " runs with BRAID_HIER_ALLREDUCE_MIN=",
-                  o->hierMin, ", this rank with BRAID_HIER_ALLREDUCE_MIN=", h->hierMin,
-                  " (settings that shape an op must be equal on every rank)");
-    }
-    if (op.kind == OpKind::kAllreduce && o->hierPiece != h->hierPiece) {
-      BRAID_THROW(Error, me, rank_, "rank ", p, " runs with BRAID_HIER_PIPELINE_BYTES=",
-                  o->hierPiece, ", this rank with BRAID_HIER_PIPELINE_BYTES=", h->hierPiece,
-                  " (settings that shape an op must be equal on every rank)");
+    if (op.kind == OpKind::kAllreduce) {
+      sameSetting(p, "BRAID_HIER_ALLREDUCE_MIN", o->hierMin, h->hierMin);
+      sameSetting(p, "BRAID_HIER_PIPELINE_BYTES", o->hierPiece, h->hierPiece);
     }
     if (o->algo != h->algo) {
       BRAID_THROW(Error, me, rank_, "rank ", p, " takes the ",

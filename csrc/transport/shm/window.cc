@@ -382,15 +382,18 @@ void ShmWindow::giveUp(const std::string& why) {
   std::memcpy(h->why, why.data(), n);
   h->why[n] = '\0';
   h->gaveUp.store(1, std::memory_order_release);
-  h->step.poke();
-  for (int r = 0; r < size_; ++r) {
-    if (r != rank_ && segments_[r].base()) header(r)->activity.poke();
-  }
+  wakeWaitersOnMe();
 }
 
 void ShmWindow::markClosed() {
   if (segments_.empty() || !segments_[rank_].base()) return;
   header(rank_)->closed.store(1, std::memory_order_release);
+  wakeWaitersOnMe();
+}
+
+// Peers sleep on this rank's step counter (collectives) or on their own
+// activity word (point-to-point pollers): wake both kinds to see its state.
+void ShmWindow::wakeWaitersOnMe() {
   header(rank_)->step.poke();
   for (int r = 0; r < size_; ++r) {
     if (r != rank_ && segments_[r].base()) header(r)->activity.poke();

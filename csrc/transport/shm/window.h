@@ -64,6 +64,7 @@ class ShmWindow : public Window {
   ShmWindow(int rank, int size, size_t slotBytes, size_t controlBytes, size_t channelBytes);
   RankHeader* header(int rank) const;
   void layout();
+  void wakeWaitersOnMe();
   [[noreturn]] void failWait(const std::vector<int>& missing, uint64_t step,
                              const WaitContext& ctx);
 

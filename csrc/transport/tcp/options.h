@@ -29,6 +29,7 @@ struct TcpOptions {
   // The rank this transport's log lines carry: a sub-group's transport (a
   // hierarchy's cross group) logs as its world rank; -1: the transport's rank.
   int logRank = -1;
+  int logRankOr(int rank) const { return logRank >= 0 ? logRank : rank; }
   std::string secret;               // BRAID_SECRET or BRAID_SECRET_FILE; "" = none
   bool requireAuth = false;         // BRAID_REQUIRE_AUTH
   // Deadline for connecting the group (eager) or one pair (lazy), and for

@@ -26,9 +26,7 @@ std::unique_ptr<Transport> connect(Store& store, int rank, int size, const TcpOp
   BRAID_ENFORCE(size >= 1 && rank >= 0 && rank < size, "tcp connect", rank, "rank ", rank,
                 " is not in a group of ", size);
   options.check(rank);
-  if (options.secret.empty()) {
-    warnUnauthenticatedOnce(options.logRank >= 0 ? options.logRank : rank);
-  }
+  if (options.secret.empty()) warnUnauthenticatedOnce(options.logRankOr(rank));
   auto t = std::make_unique<TcpTransport>(rank, size, options);
   try {
     t->start(store);
@@ -40,8 +38,7 @@ std::unique_ptr<Transport> connect(Store& store, int rank, int size, const TcpOp
 }
 
 TcpTransport::TcpTransport(int rank, int size, const TcpOptions& options)
-    : rank_(rank), size_(size), logRank_(options.logRank >= 0 ? options.logRank : rank),
-      opt_(options) {
+    : rank_(rank), size_(size), logRank_(options.logRankOr(rank)), opt_(options) {
   id_.group = opt_.groupId;
   id_.secret = opt_.secret;
   id_.rank = rank;
