@@ -15,6 +15,7 @@
 #include <cstdlib>
 #include <cstring>
 #include <deque>
+#include <functional>
 #include <future>
 #include <random>
 #include <string>
@@ -671,13 +672,15 @@ TEST(Shutdown, WaitsAfterAbortFailAtOnce) {
 
 // A peer that closes its window (the backend's shutdown, or a destroyed
 // group) fails the ranks waiting for it with its rank, not with a timeout.
-TEST(Shutdown, PeerLeavingFailsWaitersFast) {
-  const int n = 3;
-  Group g(n, 4096);
-  runRanks(n, [&](int r) {
+// Ranks 0 and 1 of 3 enter a barrier; 200 ms later rank 2 runs `leave`
+// instead. The barrier fails on ranks 0 and 1 with a PeerLostError holding
+// `expect`, within `within`.
+void barrierFailsWhenRank2Leaves(Group& g, const std::function<void()>& leave,
+                                 const std::string& expect, milliseconds within) {
+  runRanks(3, [&](int r) {
     if (r == 2) {
       std::this_thread::sleep_for(milliseconds(200));
-      g.comms[2].reset();  // ~ShmWindow marks the rank closed
+      leave();
       return;
     }
     auto t0 = Clock::now();
@@ -685,37 +688,32 @@ TEST(Shutdown, PeerLeavingFailsWaitersFast) {
       collectives::barrier(*g.comms[r], barrierDesc());
       ADD_FAILURE() << "barrier returned on rank " << r;
     } catch (const PeerLostError& e) {
-      EXPECT_NE(std::string(e.what()).find("rank 2 left the group"), std::string::npos) << e.what();
+      EXPECT_NE(std::string(e.what()).find(expect), std::string::npos) << e.what();
     }
-    EXPECT_LT(Clock::now() - t0, milliseconds(5000));
+    EXPECT_LT(Clock::now() - t0, within) << "the barrier's timeout is " << kLong.count();
   });
+}
+
+TEST(Shutdown, PeerLeavingFailsWaitersFast) {
+  Group g(3, 4096);
+  barrierFailsWhenRank2Leaves(
+      g, [&] { g.comms[2].reset(); },  // ~ShmWindow marks the rank closed
+      "rank 2 left the group", milliseconds(5000));
 }
 
 // Note [A rank that gives up]: a rank that marks its group broken (its op
 // failed because of someone else) fails its peers' waits on it at once, with
 // its reason, not at their deadline naming it. Its later ops fail too.
 TEST(Shutdown, ARankThatGivesUpFailsWaitersAtOnceWithItsReason) {
-  const int n = 3;
-  Group g(n, 4096);
+  Group g(3, 4096);
   const std::string why = "braid allreduce (rank 2): lost rank 7 on host 'far'";
-  runRanks(n, [&](int r) {
-    if (r == 2) {
-      std::this_thread::sleep_for(milliseconds(200));
-      g.comms[2]->markBroken(why);
-      EXPECT_THROW(collectives::barrier(*g.comms[2], barrierDesc()), Error);
-      return;
-    }
-    auto t0 = Clock::now();
-    try {
-      collectives::barrier(*g.comms[r], barrierDesc());
-      ADD_FAILURE() << "barrier returned on rank " << r;
-    } catch (const PeerLostError& e) {
-      EXPECT_NE(std::string(e.what()).find("rank 2 gave up on the group after an error: " + why),
-                std::string::npos)
-          << e.what();
-    }
-    EXPECT_LT(Clock::now() - t0, milliseconds(2000)) << "the barrier's timeout is " << kLong.count();
-  });
+  barrierFailsWhenRank2Leaves(
+      g,
+      [&] {
+        g.comms[2]->markBroken(why);
+        EXPECT_THROW(collectives::barrier(*g.comms[2], barrierDesc()), Error);
+      },
+      "rank 2 gave up on the group after an error: " + why, milliseconds(2000));
 }
 
 // Shutting the p2p engine down completes every pending send and receive
