@@ -98,17 +98,98 @@ TEST(Hier, AllreduceUnevenHosts) { checkAllreduce({0, 0, 1}, {0, 1, 1001, 100003
 // Every size through the staged path: sections of one element, short last
 // sections and empty ones.
 TEST(Hier, AllreduceStagedAtEverySize) {
-  ScopedEnv env("BRAID_HIER_ALLREDUCE_MIN", "0");
+  ScopedEnv env("BRAID_HIER_MIN_BYTES", "0");
   checkAllreduce({0, 0, 0, 1, 1, 1}, {0, 1, 2, 3, 4, 5, 7, 11, 1000});
 }
 
 // Pieces of 64 bytes (Note [Pipelined stages]): many pieces, a short last
 // piece, one piece that has padded sections, on 2 and 3 ranks per host.
 TEST(Hier, AllreducePipelinedPieces) {
-  ScopedEnv min("BRAID_HIER_ALLREDUCE_MIN", "0");
+  ScopedEnv min("BRAID_HIER_MIN_BYTES", "0");
   ScopedEnv piece("BRAID_HIER_PIPELINE_BYTES", "64");
   checkAllreduce({0, 0, 1, 1}, {0, 1, 2, 5, 33, 257});
   checkAllreduce({0, 0, 0, 1, 1, 1}, {1, 7, 40, 101});
+}
+
+// Broadcast, reduce, allgather and reduce_scatter, every dtype and reduce op
+// at `counts`, from a few roots, checked against closed forms. With
+// BRAID_HIER_MIN_BYTES=0 every one runs in stages (Note [Staged broadcast and
+// reduce], Note [Staged allgather and reduce-scatter]).
+void checkOthers(const std::vector<int>& hostOf, const std::vector<size_t>& counts) {
+  HierFixture f(hostOf);
+  const int n = static_cast<int>(hostOf.size());
+  const std::vector<int> roots = {0, n / 2, n - 1};
+  runRanks(n, [&](int r) {
+    Group& g = *f.groups[r];
+    for (size_t count : counts) {
+      for (DataType t : kTypes) {
+        const size_t es = elementSize(t);
+        const std::string where = strCat(toString(t), " hosts ", layout(hostOf), " count ", count,
+                                         " rank ", r);
+        for (int root : roots) {
+          auto buf = r == root ? filled(t, ReduceOp::kSum, root, count)
+                               : std::vector<uint8_t>(count * es + 1, 0xee);
+          g.broadcast(desc(OpKind::kBroadcast, count, t, root), buf.data());
+          size_t bad = 0;
+          for (size_t i = 0; i < count; ++i) {
+            bad += get(t, buf.data(), i) != input(ReduceOp::kSum, root, i);
+          }
+          EXPECT_EQ(bad, 0u) << "broadcast from " << root << ", " << where;
+        }
+        // outs[q] gets rank q's input; one byte past each block stays.
+        auto in = filled(t, ReduceOp::kSum, r, count);
+        std::vector<std::vector<uint8_t>> outs(n, std::vector<uint8_t>(count * es + 1, 0xee));
+        std::vector<void*> ptrs(n);
+        for (int q = 0; q < n; ++q) ptrs[q] = outs[q].data();
+        g.allgather(desc(OpKind::kAllgather, count, t), in.data(), ptrs.data());
+        for (int q = 0; q < n; ++q) {
+          size_t bad = 0;
+          for (size_t i = 0; i < count; ++i) bad += get(t, outs[q].data(), i) != input(ReduceOp::kSum, q, i);
+          EXPECT_EQ(bad, 0u) << "allgather, block of rank " << q << ", " << where;
+          EXPECT_EQ(outs[q].back(), 0xee) << "allgather wrote past block " << q << ", " << where;
+        }
+        for (ReduceOp op : opsFor(t)) {
+          const std::string what = strCat(toString(op), " ", where);
+          for (int root : roots) {
+            auto mine = filled(t, op, r, count);
+            std::vector<uint8_t> out(count * es + 1, 0xee);
+            g.reduce(desc(OpKind::kReduce, count, t, root, op), mine.data(), out.data());
+            if (r == root) {
+              EXPECT_EQ(badReduced(t, op, n, out.data(), count), 0u) << "reduce to " << root << " " << what;
+              EXPECT_EQ(out.back(), 0xee) << "reduce wrote past the end: " << what;
+            }
+          }
+          // Rank q's block is elements [q * count, (q + 1) * count) of one
+          // long input, so a block that lands on the wrong rank shows.
+          auto all = filled(t, op, r, n * count);
+          std::vector<const void*> ins(n);
+          for (int q = 0; q < n; ++q) ins[q] = all.data() + q * count * es;
+          std::vector<uint8_t> out(count * es + 1, 0xee);
+          g.reduceScatter(desc(OpKind::kReduceScatter, count, t, 0, op), ins.data(), out.data());
+          size_t bad = 0;
+          for (size_t i = 0; i < count; ++i) {
+            bad += !close(t, get(t, out.data(), i), expected(op, t, n, r * count + i));
+          }
+          EXPECT_EQ(bad, 0u) << "reduce_scatter " << what;
+          EXPECT_EQ(out.back(), 0xee) << "reduce_scatter wrote past the end: " << what;
+        }
+      }
+    }
+  });
+}
+
+TEST(Hier, OtherCollectivesStagedAtEverySize) {
+  ScopedEnv env("BRAID_HIER_MIN_BYTES", "0");
+  checkOthers({0, 0, 1, 1}, {0, 1, 2, 7, 1000});
+  checkOthers({0, 1, 0, 1}, {1, 33});
+  checkOthers({0, 0, 0, 1, 1, 1}, {1, 5});
+  checkOthers({0, 0, 1, 1, 2, 2}, {3, 101});
+}
+
+// At the default threshold: the small counts over the world group, the large
+// ones in stages, several TCP ring steps and shared-memory chunks each.
+TEST(Hier, OtherCollectivesEitherSideOfTheThreshold) {
+  checkOthers({0, 0, 1, 1}, {1001, 70001});
 }
 
 // A rank that leaves in the middle of a pipelined allreduce (its group
@@ -148,7 +229,7 @@ TEST(Hier, RankLostMidPipelineFailsEveryRank) {
   });
 }
 
-// The other collectives go through the world group: one pass each, checked.
+// The other collectives on uneven hosts (the world group) and point-to-point: one pass each.
 TEST(Hier, OtherCollectivesAndPointToPoint) {
   HierFixture f({0, 0, 1, 1, 2});
   const int n = 5;

@@ -5,16 +5,17 @@
 One job per layout (spawning ranks is the slow part): every rank makes a gloo group and a
 braid group over the same ranks and runs the whole matrix of scripts/hosts_matrix_rank.py on
 both (all_reduce with every reduce op, dtype and count, the large one on the hierarchical
-path; in-place and non-contiguous tensors; every root of broadcast, reduce, gather and
-scatter; all_gather, reduce_scatter, all_to_all with even and uneven splits, barrier;
-send/recv between every pair of ranks, on one host and across hosts; isend/irecv; PREMUL_SUM;
-subgroups; ops in flight at once; a count, dtype, root or op that differs across hosts,
-which must fail every rank at once and leave the group usable; the large allreduce's traffic
-per host, which must be the hierarchy's). braid must equal gloo bit for bit (AVG: within two
-ulps); where gloo lacks a case, braid is compared with a closed form (Note [Exact references
-across hosts] in the script). A failing case names itself: op, dtype, reduce op, count, rank,
-the first differing index and both values. After each job: no process, no namespace, nothing
-in any host's /dev/shm. Run with -s for each job's timings, traffic and expected errors.
+path, the large broadcast, reduce, all_gather and reduce_scatter on theirs; in-place and
+non-contiguous tensors; every root of broadcast, reduce, gather and scatter; all_gather,
+reduce_scatter, all_to_all with even and uneven splits, barrier; send/recv between every pair
+of ranks, on one host and across hosts; isend/irecv; PREMUL_SUM; subgroups; ops in flight at
+once; a count, dtype, root or op that differs across hosts, which must fail every rank at once
+and leave the group usable; the large allreduce's and all_gather's traffic per host, which
+must be the hierarchy's). braid must equal gloo bit for bit (AVG: within two ulps); where gloo
+lacks a case, braid is compared with a closed form (Note [Exact references across hosts] in
+the script). A failing case names itself: op, dtype, reduce op, count, rank, the first
+differing index and both values. After each job: no process, no namespace, nothing in any
+host's /dev/shm. Run with -s for each job's timings, traffic and expected errors.
 
 Fast tier: 2 hosts x 2 ranks, 3 hosts x 1 rank. Slow tier: 2 hosts x 3 ranks, 3 hosts x 2
 ranks, and 3 ranks on 2 hosts (2 + 1 and 1 + 2), where the hosts differ in size and every op
@@ -105,7 +106,7 @@ def check(place, outs):
     closed = sorted({c.split(" count=")[0] for c in outs[0]["closed_form"]})
     print(f"\n{world} ranks on hosts {place}: {cases} cases per rank, {compared} comparisons, "
           f"{len(failures)} failures; {outs[0]['total_seconds']} s on rank 0: "
-          f"{outs[0]['seconds']}\nbytes each host sent in the large allreduce (rank 0's host): "
+          f"{outs[0]['seconds']}\nbytes each host sent in the large allreduce and all_gather (rank 0's host): "
           f"{outs[0]['traffic']}\nclosed forms where gloo lacks the case: {closed}\n"
           f"errors the last rank saw, as expected:\n  " +
           "\n  ".join(f"{k} => {v}" for k, v in outs[-1]["errors"].items()))

@@ -13,6 +13,7 @@
 #include <vector>
 
 #include "collectives/hier/hier_group.h"
+#include "collectives/hier/stages.h"
 #include "collectives/net/collectives.h"
 #include "common/error.h"
 #include "common/thread_name.h"
@@ -21,46 +22,8 @@
 namespace braid {
 namespace collectives {
 
-namespace {
-
-OpDesc stageOp(const OpDesc& op, OpKind kind, ReduceOp redop, size_t count) {
-  OpDesc s;
-  s.kind = kind;
-  s.dtype = op.dtype;
-  s.redop = redop;
-  s.count = count;
-  s.shape.ndim = 1;
-  s.shape.dims[0] = static_cast<int64_t>(count);
-  s.deadline = op.deadline;
-  s.timeout = op.timeout;
-  return s;
-}
-
-// Runs one stage; its errors keep their type (a timeout or a lost peer breaks
-// the group) and lead with what the caller ran: the op, this rank and the
-// world's op number, as every other error of the group does. The stage's own
-// error follows, in its sub-group's terms (its rank numbers and op count),
-// which the head translates (built only on failure).
-template <typename H, typename F>
-void stage(H&& head, F&& f) {
-  try {
-    f();
-  } catch (const TimeoutError& e) {
-    throw TimeoutError(head() + e.what());
-  } catch (const PeerLostError& e) {
-    throw PeerLostError(head() + e.what());
-  } catch (const Error& e) {
-    throw Error(head() + e.what());
-  }
-}
-
-std::string rankList(const std::vector<int>& ranks) {
-  std::string s;
-  for (size_t i = 0; i < ranks.size(); ++i) s += strCat(i ? ", " : "", ranks[i]);
-  return s;
-}
-
-}  // namespace
+using hier::stage;
+using hier::stageOp;
 
 // Note [Pipelined stages]
 // A staged allreduce (Note [Collectives across hosts]) cuts its buffer into
@@ -208,7 +171,7 @@ std::exception_ptr crossLoss(std::vector<std::future<void>>& crossed) {
 void HierGroup::allreduceStages(const OpDesc& op, const void* in, void* out) {
   const int L = local_->size(), l = local_->rank();
   const size_t es = elementSize(op.dtype), count = op.count;
-  const ReduceOp red = op.redop == ReduceOp::kAvg ? ReduceOp::kSum : op.redop;
+  const ReduceOp red = hier::stageRedop(op.redop);
   const uint64_t pieceBytes = world_->config().hierPieceBytes;
   const size_t per = pieceBytes ? std::max<size_t>(1, pieceBytes / es / L) * L : count;
   const size_t numPieces = std::max<size_t>(1, (count + per - 1) / per);
@@ -222,29 +185,20 @@ void HierGroup::allreduceStages(const OpDesc& op, const void* in, void* out) {
     p.q = (p.count + L - 1) / L;
     sections += p.q;
   }
-  if (sections_.size() < sections * es) sections_.resize(sections * es);
+  if (staging_.size() < sections * es) staging_.resize(sections * es);
   for (size_t i = 0, at = 0; i < numPieces; ++i) {
-    pieces[i].mine = sections_.data() + at * es;
+    pieces[i].mine = staging_.data() + at * es;
     at += pieces[i].q;
     cut(pieces[i], L, es, static_cast<const uint8_t*>(in), static_cast<uint8_t*>(out));
   }
 
   // "braid allreduce (rank 5): op #7, stage 2 of 3 (...): braid allreduce (rank 1): op #3 ..."
   auto head = [&](int n, size_t i) {
-    std::string where;
-    if (n == 2) {
-      std::vector<int> peers;
-      for (int k = 0; k < topo_.numHosts(); ++k) peers.push_back(topo_.ranksOn(k)[l]);
-      where = strCat("allreduce across hosts, among ranks ", rankList(peers),
-                     ", where this rank is rank ", topo_.host(), " of ", topo_.numHosts());
-    } else {
-      where = strCat(n == 1 ? "reduce-scatter" : "allgather", " within this host, among ranks ",
-                     rankList(topo_.ranksOn(topo_.host())), ", where this rank is rank ", l,
-                     " of ", L);
-    }
+    std::string where = n == 2   ? hier::acrossHosts(topo_, "allreduce")
+                        : n == 1 ? hier::withinHost(topo_, "reduce-scatter")
+                                 : hier::withinHost(topo_, "allgather");
     if (numPieces > 1) where += strCat("; piece ", i + 1, " of ", numPieces);
-    return errorText("allreduce", rank(), "op #", world_->opCount(), ", stage ", n, " of 3 (",
-                     where, "): ");
+    return hier::stageHead("allreduce", rank(), world_->opCount(), n, 3, where);
   };
   auto scatter = [&](size_t i) {
     Piece& p = pieces[i];

@@ -11,11 +11,12 @@ namespace braid {
 namespace collectives {
 
 // Compared in the world's header (Note [Settings that shape an op]).
-BRAID_SETTING_INT(kHierMin, "BRAID_HIER_ALLREDUCE_MIN", 64 << 10,
-                  "Bytes from which an allreduce across hosts runs in three stages (shared memory "
-                  "within each host, TCP between hosts, shared memory again); below, and where "
-                  "hosts run different numbers of ranks, every rank exchanges over TCP. Must be "
-                  "equal on every rank.");
+BRAID_SETTING_INT(kHierMin, "BRAID_HIER_MIN_BYTES", 64 << 10,
+                  "Bytes (of the whole buffer; allgather and reduce_scatter: of all ranks' "
+                  "blocks) from which allreduce, broadcast, reduce, allgather and reduce_scatter "
+                  "across hosts run in stages: shared memory within each host, TCP between hosts "
+                  "(Note [Collectives across hosts]); below, and where hosts run different numbers "
+                  "of ranks, every rank exchanges over TCP. Must be equal on every rank.");
 BRAID_SETTING_INT(kHierPiece, "BRAID_HIER_PIPELINE_BYTES", 4 << 20,
                   "Bytes per piece of a staged allreduce across hosts: the pieces go through the "
                   "stages one after another, the TCP stage of one overlapping the shared-memory "
@@ -56,9 +57,9 @@ HierGroup::HierGroup(transport::Store& store, const transport::Topology& topo,
     : topo_(topo) {
   const int rank = topo.rank(), n = topo.size();
   net::NetConfig cfg = net::NetConfig::fromEnv(rank);
-  BRAID_ENFORCE(kHierMin.get() >= 0, "init", rank, "BRAID_HIER_ALLREDUCE_MIN must be >= 0, got ",
+  BRAID_ENFORCE(kHierMin.get() >= 0, "init", rank, "BRAID_HIER_MIN_BYTES must be >= 0, got ",
                 kHierMin.get());
-  cfg.hierAllreduceMin = static_cast<uint64_t>(kHierMin.get());
+  cfg.hierMinBytes = static_cast<uint64_t>(kHierMin.get());
   BRAID_ENFORCE(kHierPiece.get() >= 0, "init", rank,
                 "BRAID_HIER_PIPELINE_BYTES must be >= 0, got ", kHierPiece.get());
   cfg.hierPieceBytes = static_cast<uint64_t>(kHierPiece.get());
@@ -118,24 +119,47 @@ std::string HierGroup::describe() const {
                 local_ ? ", shared memory within each host" : "");
 }
 
-bool HierGroup::hierarchical(const OpDesc& op) const {
-  return local_ && op.bytes() >= world_->config().hierAllreduceMin &&
-         op.count >= static_cast<size_t>(local_->size());
+bool HierGroup::staged(const OpDesc& op) const {
+  if (!local_) return false;
+  const uint64_t min = world_->config().hierMinBytes;
+  switch (op.kind) {
+    case OpKind::kAllreduce:  // every local rank gets a section of at least one element
+      return op.bytes() >= min && op.count >= static_cast<size_t>(local_->size());
+    case OpKind::kBroadcast:
+    case OpKind::kReduce:
+      return op.bytes() >= min;
+    case OpKind::kAllgather:
+    case OpKind::kReduceScatter:  // by the whole buffer, as the threshold's other ops
+      return op.bytes() * static_cast<uint64_t>(size()) >= min;
+    default:
+      return false;
+  }
 }
 
 void HierGroup::allreduce(const OpDesc& op, const void* in, void* out) {
-  if (!hierarchical(op)) return net::allreduce(*world_, op, in, out);
+  if (!staged(op)) return net::allreduce(*world_, op, in, out);
   world_->begin(op, net::NetAlgo::kHier);
   allreduceStages(op, in, out);
 }
 
-void HierGroup::broadcast(const OpDesc& op, void* buf) { net::broadcast(*world_, op, buf); }
+void HierGroup::broadcast(const OpDesc& op, void* buf) {
+  if (!staged(op)) return net::broadcast(*world_, op, buf);
+  world_->begin(op, net::NetAlgo::kHier);
+  broadcastStages(op, buf);
+}
+
 void HierGroup::reduce(const OpDesc& op, const void* in, void* out) {
-  net::reduce(*world_, op, in, out);
+  if (!staged(op)) return net::reduce(*world_, op, in, out);
+  world_->begin(op, net::NetAlgo::kHier);
+  reduceStages(op, in, out);
 }
+
 void HierGroup::allgather(const OpDesc& op, const void* in, void* const* outs) {
-  net::allgather(*world_, op, in, outs);
+  if (!staged(op)) return net::allgather(*world_, op, in, outs);
+  world_->begin(op, net::NetAlgo::kHier);
+  allgatherStages(op, in, outs);
 }
+
 void HierGroup::gather(const OpDesc& op, const void* in, void* const* outs) {
   net::gather(*world_, op, in, outs);
 }
@@ -143,7 +167,9 @@ void HierGroup::scatter(const OpDesc& op, const void* const* ins, void* out) {
   net::scatter(*world_, op, ins, out);
 }
 void HierGroup::reduceScatter(const OpDesc& op, const void* const* ins, void* out) {
-  net::reduceScatter(*world_, op, ins, out);
+  if (!staged(op)) return net::reduceScatter(*world_, op, ins, out);
+  world_->begin(op, net::NetAlgo::kHier);
+  reduceScatterStages(op, ins, out);
 }
 void HierGroup::alltoall(const OpDesc& op, const void* const* ins, void* const* outs) {
   net::alltoall(*world_, op, ins, outs);

@@ -16,19 +16,25 @@
 // mismatch, a rank's argument error or a setting that differs fails every
 // rank the same way before any data moves, and the stages after it need no
 // agreement of their own (their own headers only re-check it).
-// Allreduce from BRAID_HIER_ALLREDUCE_MIN bytes, with local and cross groups,
+// Allreduce from BRAID_HIER_MIN_BYTES bytes, with local and cross groups,
 // runs in three stages (hier/allreduce.cc): a reduce-scatter within the host
 // over shared memory, leaving local rank l with section l of the host's sum;
 // an allreduce of section l across hosts in cross group l (the L cross groups
 // run at once, each over its own sockets); an allgather of the sections
 // within the host; large buffers go through the stages in pieces of
-// BRAID_HIER_PIPELINE_BYTES, pipelined (Note [Pipelined stages]). Each byte crosses the network once per
-// host, not once per rank: a flat ring over n = H x L ranks sends 2(n-1)/n of
-// the buffer per rank, L times that per host, where the hierarchy sends
-// 2(H-1)/H per host in all. Everything else (smaller allreduces, groups with one rank per host
-// or uneven hosts, the other collectives) runs over the world group, whose
+// BRAID_HIER_PIPELINE_BYTES, pipelined (Note [Pipelined stages]). Each byte
+// crosses the network once per host, not once per rank: a flat ring over
+// n = H x L ranks sends 2(n-1)/n of the buffer per rank, L times that per
+// host, where the hierarchy sends 2(H-1)/H per host in all. From the same
+// threshold, broadcast and reduce (hier/broadcast.cc, Note [Staged broadcast
+// and reduce]) and allgather and reduce_scatter (hier/allgather.cc, Note
+// [Staged allgather and reduce-scatter]) run in two stages of the same kind.
+// Everything else (smaller buffers, groups with one rank per host or uneven
+// hosts, gather, scatter, alltoall, barrier) runs over the world group, whose
 // algorithms are latency-optimal for small buffers (a direct exchange) and
-// bandwidth-optimal for large ones (rings).
+// bandwidth-optimal for large ones (rings). The world's header exchange
+// decides for every op, so ranks that would stage differently fail there
+// (the threshold travels in the header).
 // Failures. A lost peer or a timeout in any stage breaks the group: every
 // transport is aborted, so the ranks on other hosts see this rank leave and
 // fail at once; the ranks of this host that wait for it in a shared-memory
@@ -91,8 +97,13 @@ class HierGroup : public Group {
  struct Piece;  // hier/allreduce.cc
 
  private:
-  bool hierarchical(const OpDesc& op) const;
-  void allreduceStages(const OpDesc& op, const void* in, void* out);
+  // Whether op runs in stages (Note [Collectives across hosts]).
+  bool staged(const OpDesc& op) const;
+  void allreduceStages(const OpDesc& op, const void* in, void* out);  // hier/allreduce.cc
+  void allgatherStages(const OpDesc& op, const void* in, void* const* outs);  // hier/allgather.cc
+  void reduceScatterStages(const OpDesc& op, const void* const* ins, void* out);
+  void broadcastStages(const OpDesc& op, void* buf);  // hier/broadcast.cc
+  void reduceStages(const OpDesc& op, const void* in, void* out);
 
   const transport::Topology topo_;
   std::unique_ptr<transport::Transport> worldT_, crossT_, p2pT_;
@@ -100,10 +111,10 @@ class HierGroup : public Group {
   std::unique_ptr<ShmGroup> local_;
   std::once_flag p2pOnce_;
   std::unique_ptr<net::NetP2P> p2p_;
-  // This rank's sections of the staged allreduce, kept between ops: a fresh
-  // zeroed buffer cost a memset and a page fault per 4 KiB of every op
-  // (allreduceStages; ops run one at a time).
-  std::vector<uint8_t> sections_;
+  // The staged ops' own buffers (the allreduce's sections, the partial sums of
+  // reduce and reduce-scatter), kept between ops: a fresh zeroed buffer cost a
+  // memset and a page fault per 4 KiB of every op (ops run one at a time).
+  std::vector<uint8_t> staging_;
 };
 
 }  // namespace collectives

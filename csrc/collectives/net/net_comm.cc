@@ -31,7 +31,7 @@ struct NetHeader {
   uint32_t algo;
   uint32_t reserved;
   uint64_t ringMin;     // BRAID_NET_ALLREDUCE_RING_MIN
-  uint64_t hierMin;     // BRAID_HIER_ALLREDUCE_MIN (hier/hier_group.cc)
+  uint64_t hierMin;     // BRAID_HIER_MIN_BYTES (hier/hier_group.cc)
   uint64_t hierPiece;   // BRAID_HIER_PIPELINE_BYTES (hier/hier_group.cc)
   uint64_t eagerBytes;  // data that follow on step 1 (Note [Eager data])
 };
@@ -211,7 +211,7 @@ void NetComm::exchangeHeaders(const OpDesc& op, NetAlgo algo, const void* eager)
   fillOpHeader(&h->op, kNetMagic, op, opSeq_);
   h->algo = static_cast<uint32_t>(algo);
   h->ringMin = cfg_.allreduceRingMin;
-  h->hierMin = cfg_.hierAllreduceMin;
+  h->hierMin = cfg_.hierMinBytes;
   h->hierPiece = cfg_.hierPieceBytes;
   h->eagerBytes = eager ? op.bytes() : 0;
   if (op.kind == OpKind::kAlltoall && op.sendBytes && op.recvBytes) {
@@ -275,7 +275,7 @@ void NetComm::checkHeaders(const OpDesc& op, NetAlgo algo, const std::vector<uin
       sameSetting(p, "BRAID_NET_ALLREDUCE_RING_MIN", o->ringMin, h->ringMin);
     }
     if (op.kind == OpKind::kAllreduce) {
-      sameSetting(p, "BRAID_HIER_ALLREDUCE_MIN", o->hierMin, h->hierMin);
+      sameSetting(p, "BRAID_HIER_MIN_BYTES", o->hierMin, h->hierMin);
       sameSetting(p, "BRAID_HIER_PIPELINE_BYTES", o->hierPiece, h->hierPiece);
     }
     if (o->algo != h->algo) {

@@ -75,9 +75,9 @@ namespace net {
 // every header, Note [Settings that shape an op]).
 struct NetConfig {
   uint64_t allreduceRingMin = 64 << 10;  // BRAID_NET_ALLREDUCE_RING_MIN
-  // Set by the hierarchy (hier/hier_group.cc, BRAID_HIER_ALLREDUCE_MIN):
+  // Set by the hierarchy (hier/hier_group.cc, BRAID_HIER_MIN_BYTES):
   // travels in the header so that ranks which would split differently fail.
-  uint64_t hierAllreduceMin = 0;
+  uint64_t hierMinBytes = 0;
   // BRAID_HIER_PIPELINE_BYTES (hier/allreduce.cc): the pieces the staged
   // allreduce pipelines; 0: one piece.
   uint64_t hierPieceBytes = 0;

@@ -11,7 +11,7 @@ all_gather (into a tensor too, in place), reduce_scatter (list and tensor, in pl
 all_to_all (list and single, even and uneven splits), barrier, send/recv between every pair
 of ranks, isend/irecv, a send in flight across collectives, ops in flight at once, a 3-d
 tensor, subgroups (across hosts, uneven, one host, an even hierarchy with other local
-ranks), and a second braid group with BRAID_HIER_ALLREDUCE_MIN=0,
+ranks), and a second braid group with BRAID_HIER_MIN_BYTES=0,
 BRAID_NET_ALLREDUCE_RING_MIN=0 and BRAID_HIER_PIPELINE_BYTES=16 (tiny counts through the
 three stages, in several pieces, and the rings). Where
 the layout has the hierarchy, it checks from eth0's counters that the large allreduce sends
@@ -143,7 +143,7 @@ class Matrix:
                 for count in COUNTS:
                     self.start(f"all_reduce dtype={name} redop={op} count={count}")
                     self.one_all_reduce(dtype, op, count)
-        # Either side of 64 KiB (BRAID_HIER_ALLREDUCE_MIN and BRAID_NET_ALLREDUCE_RING_MIN):
+        # Either side of 64 KiB (BRAID_HIER_MIN_BYTES and BRAID_NET_ALLREDUCE_RING_MIN):
         # the direct exchange, then the three stages or the ring with blocks of unequal size.
         for count in (16383, 16384, 16385):
             for name, op in (("float32", "SUM"), ("float32", "AVG"), ("int32", "BAND")):
@@ -546,7 +546,9 @@ class Matrix:
     def hier_traffic(self):
         """The large allreduce takes the three stages: each host sends 2(H-1)/H of the buffer
         (once per host), where a flat ring over all n ranks sends 2(n-1)/n of it from each rank
-        at a host boundary. Counted on eth0 (each host's only link) between two barriers."""
+        at a host boundary. The large all_gather takes two: each host sends its L blocks to the
+        H-1 others, (H-1)L blocks, where a flat ring sends n-1 blocks from each rank at a host
+        boundary. Counted on eth0 (each host's only link) between two barriers."""
         hosts = sorted(set(HOST_OF))
         per = [HOST_OF.count(x) for x in hosts]
         H_, L = len(hosts), per[0]
@@ -557,19 +559,36 @@ class Matrix:
             nbytes = LARGE * torch.empty(0, dtype=dtype).element_size()
             self.start(f"all_reduce dtype={name} count={LARGE}: bytes each host sends")
             t = torch.ones(LARGE, dtype=dtype)
-            dist.barrier(group=self.braid)
-            before = eth0_tx_bytes()
-            dist.all_reduce(t, group=self.braid)
-            dist.barrier(group=self.braid)
-            sent = eth0_tx_bytes() - before
+            sent = self.sent_by(lambda: dist.all_reduce(t, group=self.braid))
             self.compare("all_reduce (traffic probe)", t, torch.full((LARGE,), self.n, dtype=dtype))
-            hier, flat = 2 * (H_ - 1) / H_ * nbytes, 2 * (self.n - 1) / self.n * nbytes
-            self.compared += 1
-            self.traffic[name] = dict(sent=sent, hierarchical=int(hier), flat_ring=int(flat))
-            # Headers and ACKs add a few per cent; the flat ring would send at least `flat`.
-            if not (0.9 * hier <= sent <= min(1.25 * hier, 0.95 * flat)):
-                self.fail("host traffic is not the hierarchy's", sent=sent,
-                          hierarchical=int(hier), flat_ring=int(flat))
+            self.check_traffic(name, sent, 2 * (H_ - 1) / H_ * nbytes,
+                               2 * (self.n - 1) / self.n * nbytes)
+        count = LARGE // self.n
+        self.start(f"all_gather dtype=float32 count={count}: bytes each host sends")
+        outs = [torch.zeros(count) for _ in range(self.n)]
+        mine = H.pattern(self.rank, 4, count, torch.float32)
+        sent = self.sent_by(lambda: dist.all_gather(outs, mine, group=self.braid))
+        for j in range(self.n):
+            self.compare(f"all_gather[{j}] (traffic probe)", outs[j],
+                         H.pattern(j, 4, count, torch.float32))
+        self.check_traffic("all_gather float32", sent, (H_ - 1) * L * count * 4,
+                           (self.n - 1) * count * 4)
+
+    def sent_by(self, fn):
+        """Bytes this host sent on eth0 while every rank ran fn, between two barriers."""
+        dist.barrier(group=self.braid)
+        before = eth0_tx_bytes()
+        fn()
+        dist.barrier(group=self.braid)
+        return eth0_tx_bytes() - before
+
+    def check_traffic(self, name, sent, hier, flat):
+        self.compared += 1
+        self.traffic[name] = dict(sent=sent, hierarchical=int(hier), flat_ring=int(flat))
+        # Headers and ACKs add a few per cent; the flat ring would send at least `flat`.
+        if not (0.9 * hier <= sent <= min(1.25 * hier, 0.95 * flat)):
+            self.fail(f"{name}: host traffic is not the hierarchy's", sent=sent,
+                      hierarchical=int(hier), flat_ring=int(flat))
 
     # ---- errors -------------------------------------------------------------------------------
     def expect_error(self, fn, *patterns):
@@ -701,22 +720,42 @@ class Matrix:
                                  H.pattern(r, 56, 1001, torch.int64))
 
     def small_hier(self, group):
-        """A second braid group with BRAID_HIER_ALLREDUCE_MIN=0, BRAID_NET_ALLREDUCE_RING_MIN=0
+        """A second braid group with BRAID_HIER_MIN_BYTES=0, BRAID_NET_ALLREDUCE_RING_MIN=0
         and BRAID_HIER_PIPELINE_BYTES=16: tiny counts take the three stages (empty and short
-        sections, several pipelined pieces) and the rings."""
+        sections, several pipelined pieces) and the rings, and broadcast, reduce, all_gather
+        and reduce_scatter their two stages (from every root)."""
         for count in range(1, 8):
             for name, op in (("float32", "SUM"), ("int32", "BXOR"), ("float16", "MAX"),
                              ("float64", "AVG")):
                 self.start(f"all_reduce (hier and ring from 0 bytes) dtype={name} redop={op} "
                            f"count={count}")
                 self.one_all_reduce(self.dt(name), op, count, group=group, tag=" (hier0)")
-            self.start(f"reduce_scatter (ring from 0 bytes) count={count}")
+            root = count % self.n
+            self.start(f"broadcast (staged from 0 bytes) count={count} root={root}")
+            t = H.pattern(root, 1, count, torch.int64) if self.rank == root else \
+                torch.zeros(count, dtype=torch.int64)
+            if self.braid_call(lambda: dist.broadcast(t, root, group=group)):
+                self.compare("broadcast (hier0)", t, H.pattern(root, 1, count, torch.int64))
+            self.start(f"reduce (staged from 0 bytes) redop=MAX count={count} root={root}")
+            ins = self.inputs(count, torch.int32, "MAX")
+            t = ins[self.rank].clone()
+            if self.braid_call(lambda: dist.reduce(t, root, op=H.reduce_op("MAX"), group=group)) \
+                    and self.rank == root:
+                self.compare("reduce (hier0)", t, H.closed_form(ins, "MAX", self.n))
+            self.start(f"all_gather (staged from 0 bytes) count={count}")
+            outs = [torch.zeros(count, dtype=torch.float32) for _ in range(self.n)]
+            if self.braid_call(lambda: dist.all_gather(
+                    outs, H.pattern(self.rank, 3, count, torch.float32), group=group)):
+                for j in range(self.n):
+                    self.compare(f"all_gather[{j}] (hier0)", outs[j],
+                                 H.pattern(j, 3, count, torch.float32))
+            self.start(f"reduce_scatter (staged from 0 bytes) count={count}")
             full = self.inputs(self.n * count, torch.int64, "SUM", salt=2)
             closed = H.closed_form(full, "SUM", self.n).chunk(self.n)[self.rank].clone()
             out = torch.zeros(count, dtype=torch.int64)
             if self.braid_call(lambda: dist.reduce_scatter(
                     out, [c.clone() for c in full[self.rank].chunk(self.n)], group=group)):
-                self.compare("reduce_scatter (ring0)", out, closed)
+                self.compare("reduce_scatter (hier0)", out, closed)
 
 
 def eth0_tx_bytes():
@@ -758,10 +797,10 @@ def main():
     hosts = [None] * n
     dist.all_gather_object(hosts, socket.gethostname())
     HOST_OF.extend(hosts)
-    saved = {k: os.environ.get(k) for k in ("BRAID_HIER_ALLREDUCE_MIN",
+    saved = {k: os.environ.get(k) for k in ("BRAID_HIER_MIN_BYTES",
                                             "BRAID_NET_ALLREDUCE_RING_MIN",
                                             "BRAID_HIER_PIPELINE_BYTES")}
-    os.environ.update(BRAID_HIER_ALLREDUCE_MIN="0", BRAID_NET_ALLREDUCE_RING_MIN="0",
+    os.environ.update(BRAID_HIER_MIN_BYTES="0", BRAID_NET_ALLREDUCE_RING_MIN="0",
                       BRAID_HIER_PIPELINE_BYTES="16")
     braid0 = dist.new_group(backend="braid", timeout=timeout)
     for k, v in saved.items():
