@@ -229,6 +229,54 @@ TEST(Hier, RankLostMidPipelineFailsEveryRank) {
   });
 }
 
+// A rank that leaves in the middle of a staged broadcast or allgather (its
+// group aborted from another thread) fails every other rank by the op's
+// deadline, and no stage touches the buffers after the op returns (ASan/TSan
+// builds check that). Each rank that fails marks its group broken, as the
+// backend does on a lost peer or a timeout, so that host mates waiting for it
+// in a shared-memory stage learn it at once (Note [A rank that gives up]);
+// the leaving rank's own host mate may wait to its deadline, since a thread
+// that leaves does not close its group as a process that exits does.
+TEST(Hier, RankLostMidStagedOpFailsEveryRank) {
+  for (OpKind kind : {OpKind::kBroadcast, OpKind::kAllgather}) {
+    HierFixture f({0, 0, 1, 1});
+    const auto deadline = std::chrono::milliseconds(4000);
+    runRanks(4, [&](int r) {
+      Group& g = *f.groups[r];
+      const size_t count = 4 << 20;
+      std::vector<float> buf(count, 1.0f);
+      std::vector<std::vector<float>> outs(4, std::vector<float>(count));
+      std::vector<void*> ptrs = {outs[0].data(), outs[1].data(), outs[2].data(), outs[3].data()};
+      std::future<void> leave;
+      if (r == 3) {
+        leave = std::async(std::launch::async, [&g] {
+          std::this_thread::sleep_for(std::chrono::milliseconds(20));
+          g.abort();
+        });
+      }
+      auto t0 = transport::Clock::now();
+      for (int i = 0; i < 4; ++i) {  // rank 3 leaves during one of them
+        t0 = transport::Clock::now();
+        try {
+          OpDesc d = desc(kind, count, DataType::kFloat32, 0, ReduceOp::kSum, deadline);
+          if (kind == OpKind::kBroadcast) g.broadcast(d, buf.data());
+          else g.allgather(d, buf.data(), ptrs.data());
+        } catch (const Error& e) {
+          const std::string what = e.what();
+          EXPECT_NE(what.find(collectives::opName(kind)), std::string::npos) << what;
+          if (dynamic_cast<const PeerLostError*>(&e) || dynamic_cast<const TimeoutError*>(&e)) {
+            g.markBroken(what);
+          }
+          break;
+        }
+      }
+      EXPECT_LT(transport::Clock::now() - t0, deadline + std::chrono::milliseconds(1000))
+          << collectives::opName(kind) << ", rank " << r << " (its last op)";
+      if (leave.valid()) leave.get();
+    });
+  }
+}
+
 // The other collectives on uneven hosts (the world group) and point-to-point: one pass each.
 TEST(Hier, OtherCollectivesAndPointToPoint) {
   HierFixture f({0, 0, 1, 1, 2});
