@@ -22,9 +22,11 @@ ranks), its interface taken down, its ranks stopped (SIGSTOP), one rank's connec
   destroy_process_group;
 - after a failure, the survivors of host 0 create a new braid group among themselves and
   allreduce correctly, and leave nothing behind either.
-The detection times (min/median/max per fault) are printed in the session summary. Fast tier:
-the wrong secret, the killed host (with the survivors' new group) and the reset connections;
-the rest is slow.
+A host is also killed mid-broadcast (16 MiB from each rank in turn, the staged path, where a
+survivor of the other local rank waits in the shared-memory stage). The detection times
+(min/median/max per fault) are printed in the session summary. Fast tier: the wrong secret,
+the killed host (mid-allreduce, with the survivors' new group, and mid-broadcast) and the reset
+connections; the rest is slow.
 Needs root (network namespaces); skipped with the reason where they cannot be made.
 """
 
@@ -65,7 +67,9 @@ PEER = re.compile(r"rank (\d+) on host '(braid-h\d+)'")
 # among ranks 2, 3, where this rank is rank 1 of 2; piece 4 of 4): braid allgather (rank 1):
 # rank 0 left the group" (or "rank 0 gave up on the group after an error: ...", Note [A rank
 # that gives up], or "Timed out ... waiting for rank(s) [0]"); "; piece" only when pipelined.
-LOCAL = re.compile(r"stage [13] of 3 \(\w+(?:-\w+)? within this host, among ranks ([\d, ]+), "
+# A staged broadcast's: "stage 2 of 2 (broadcast within this host, ...".
+LOCAL = re.compile(r"stage (?:[13] of 3|2 of 2) \(\w+(?:-\w+)? within this host, among ranks "
+                   r"([\d, ]+), "
                    r"where this rank is rank \d+ of \d+(?:; piece \d+ of \d+)?\): "
                    r"braid \w+ \(rank \d+\): "
                    r"(?:rank (\d+) (?:left|gave up on) the group|.*waiting for rank\(s\) \[(\d+)\])")
@@ -382,9 +386,10 @@ def test_strangers_on_the_ports_are_refused_logged_and_harmless(tmp_path):
 
 
 # ---- failures mid-loop ----------------------------------------------------------------------
-def survivors_checks(job, ranks, t_fault, what, lost_host="braid-h1", timed=True):
+def survivors_checks(job, ranks, t_fault, what, lost_host="braid-h1", timed=True,
+                     op="allreduce"):
     """Every rank in `ranks` raised (within T + SLACK of t_fault when `timed`), naming braid
-    allreduce, its rank and a peer: one across hosts with its host, or, in a shared-memory
+    `op`, its rank and a peer: one across hosts with its host, or, in a shared-memory
     stage, a rank of its own host that failed first; its results were right until then; it
     exited 0 and nothing of braid's was left after destroy. Returns the problems and the
     peers on `lost_host` that the errors named."""
@@ -409,8 +414,8 @@ def survivors_checks(job, ranks, t_fault, what, lost_host="braid-h1", timed=True
         if timed and took > T + SLACK:
             problems.append(f"rank {r} raised {took:.2f} s after the fault (bound "
                             f"{T + SLACK:g} s): {msg}")
-        if not re.search(rf"braid allreduce \(rank {r}\)", msg):
-            problems.append(f"rank {r}: the error does not name braid allreduce and rank {r}: "
+        if not re.search(rf"braid {op} \(rank {r}\)", msg):
+            problems.append(f"rank {r}: the error does not name braid {op} and rank {r}: "
                             f"{msg}")
         peers = {(int(m.group(1)), m.group(2)) for m in PEER.finditer(msg)} - {
             (r, f"braid-h{job.host_of(r)}")}
@@ -459,6 +464,28 @@ def test_host_killed_mid_allreduce_then_survivors_regroup(hosts2, tmp_path):
     if not named:
         problems.append("no survivor names a lost rank on braid-h1")
     problems += regroup_checks(job)
+    problems += job.finish()
+    assert not problems, "\n".join(problems) + "\n" + job.dump()
+
+
+def test_host_killed_mid_broadcast(hosts2, tmp_path):
+    """SIGKILL of host 1's ranks during 16 MiB broadcasts from each rank in turn (staged: the
+    ranks of the root's local rank cross hosts, then each host broadcasts over shared memory,
+    so a survivor of the other local rank waits in the shared-memory stage): host 0's ranks
+    raise within T + 1 s naming braid broadcast and a lost rank (or their host mate that
+    failed first), exit 0, and leave nothing behind."""
+    job = Job(hosts2, tmp_path, "loop", ["op=broadcast"], env={"BRAID_SECRET": SECRET})
+    job.wait_looping()
+    t_fault = time.monotonic()
+    for pid in hosts2.pids(1):
+        os.kill(pid, signal.SIGKILL)
+    late = job.wait(range(WORLD), t_fault + EXIT_S)
+    problems = [f"rank {r} did not exit within {EXIT_S} s of the kill" for r in late]
+    more, named = survivors_checks(job, range(PER_HOST), t_fault, "host killed mid broadcast",
+                                   op="broadcast")
+    problems += more
+    if not named:
+        problems.append("no survivor names a lost rank on braid-h1")
     problems += job.finish()
     assert not problems, "\n".join(problems) + "\n" + job.dump()
 

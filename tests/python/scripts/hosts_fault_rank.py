@@ -12,8 +12,9 @@ against their closed form; prints one JSON line, {"outcome": "ok" | "init_error"
 "message", "t_init", "t_fail", ...} and exits 0 (a refused group is a result here, not a
 crash).
 
-MODE loop: runs allreduces of BYTES (KEY bytes=, default 16 MiB: the hierarchical path) in a
-loop, each checked against its closed form, until one raises or max_s seconds pass (or, with
+MODE loop: runs allreduces of BYTES (KEY bytes=, default 16 MiB: the hierarchical path; with
+op=broadcast, broadcasts from each rank in turn, staged too) in a loop, each checked against
+its closed form, until one raises or max_s seconds pass (or, with
 stop_file=PATH, until rank 0 sees PATH: a 1-element allreduce after each iteration tells the
 others, so that every rank stops after the same iteration). After
 `ready` iterations it prints {"event": "looping"}, the test's cue to inject its fault. Then
@@ -96,6 +97,23 @@ def allreduce_checked(b, it, n, rank, group=None):
     return None
 
 
+def broadcast_checked(b, it, n, rank, group=None):
+    """One broadcast of base + root + it % 7 from root it % n (each local rank in turn)."""
+    root = it % n
+    want = b + float(root + it % 7)
+    t = want.clone() if rank == root else torch.zeros_like(b)
+    dist.broadcast(t, root, group=group)
+    if not torch.equal(t, want):
+        bad = (t != want).nonzero()
+        i = int(bad[0])
+        return f"iteration {it} (root {root}): {bad.shape[0]} of {t.numel()} wrong; first at " \
+               f"{i}: {t[i].item()} != {want[i].item()}"
+    return None
+
+
+LOOP_OPS = {"allreduce": allreduce_checked, "broadcast": broadcast_checked}
+
+
 def meet(store, tag, ranks):
     store.set(f"{tag}/{RANK}", "1")
     store.wait([f"{tag}/{r}" for r in ranks], datetime.timedelta(seconds=MEET_S))
@@ -152,7 +170,7 @@ def run_loop(store):
     stop = time.monotonic() + max_s
     try:
         while time.monotonic() < stop:
-            err = allreduce_checked(b, it, WORLD, RANK)
+            err = LOOP_OPS[KW.get("op", "allreduce")](b, it, WORLD, RANK)
             if err:
                 bad.append(err)
             it += 1
