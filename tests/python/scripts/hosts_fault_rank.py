@@ -88,13 +88,17 @@ def allreduce_checked(b, it, n, rank, group=None):
     """One allreduce of base + rank + it % 7: the sum is n * base + n(n-1)/2 + n * (it % 7)."""
     t = b + float(rank + it % 7)
     dist.all_reduce(t, group=group)
-    want = b * n + float(n * (n - 1) // 2 + n * (it % 7))
-    if not torch.equal(t, want):
-        bad = (t != want).nonzero()
-        i = int(bad[0])
-        return f"iteration {it}: {bad.shape[0]} of {t.numel()} wrong; first at {i}: " \
-               f"{t[i].item()} != {want[i].item()}"
-    return None
+    return mismatch(t, b * n + float(n * (n - 1) // 2 + n * (it % 7)), f"iteration {it}")
+
+
+def mismatch(t, want, what):
+    """None when t equals want, else where and how it differs."""
+    if torch.equal(t, want):
+        return None
+    bad = (t != want).nonzero()
+    i = int(bad[0])
+    return f"{what}: {bad.shape[0]} of {t.numel()} wrong; first at {i}: " \
+           f"{t[i].item()} != {want[i].item()}"
 
 
 def broadcast_checked(b, it, n, rank, group=None):
@@ -103,12 +107,7 @@ def broadcast_checked(b, it, n, rank, group=None):
     want = b + float(root + it % 7)
     t = want.clone() if rank == root else torch.zeros_like(b)
     dist.broadcast(t, root, group=group)
-    if not torch.equal(t, want):
-        bad = (t != want).nonzero()
-        i = int(bad[0])
-        return f"iteration {it} (root {root}): {bad.shape[0]} of {t.numel()} wrong; first at " \
-               f"{i}: {t[i].item()} != {want[i].item()}"
-    return None
+    return mismatch(t, want, f"iteration {it} (root {root})")
 
 
 LOOP_OPS = {"allreduce": allreduce_checked, "broadcast": broadcast_checked}
