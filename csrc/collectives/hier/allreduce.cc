@@ -1,22 +1,15 @@
 // Allreduce in three stages (Note [Collectives across hosts]), pipelined
-// (Note [Pipelined stages]).
+// (Note [Pipelined stages] in hier/pipeline.h).
 #include <algorithm>
-#include <chrono>
-#include <condition_variable>
 #include <cstring>
-#include <deque>
-#include <functional>
-#include <future>
 #include <memory>
-#include <mutex>
-#include <thread>
 #include <vector>
 
 #include "collectives/hier/hier_group.h"
+#include "collectives/hier/pipeline.h"
 #include "collectives/hier/stages.h"
 #include "collectives/net/collectives.h"
 #include "common/error.h"
-#include "common/thread_name.h"
 #include "reduce/reduce.h"
 
 namespace braid {
@@ -24,26 +17,6 @@ namespace collectives {
 
 using hier::stage;
 using hier::stageOp;
-
-// Note [Pipelined stages]
-// A staged allreduce (Note [Collectives across hosts]) cuts its buffer into
-// pieces of BRAID_HIER_PIPELINE_BYTES (a multiple of L elements, so that only
-// the last piece has a short section) and runs the three stages piece after
-// piece. The worker runs the shared-memory stages; a thread of the op's own
-// ("braid-hier") runs the TCP stage of each piece in order, so the link
-// carries piece i while the worker reduce-scatters piece i + 1 and gathers
-// piece i - 1: on a slow link the shared-memory stages hide behind the
-// transfer instead of adding to it. Every rank cuts alike (the setting travels
-// in the world's header) and runs the stages of its sub-groups in the same
-// order. When a stage fails on either thread, this rank aborts its cross
-// transport, so the TCP stage still queued ends at once and the other hosts
-// see the rank leave; the thread is joined before the error reaches the
-// caller, so no stage touches the buffers after the op returns. Which error
-// the caller gets: when another host goes away, the TCP stage fails (naming
-// the lost rank and its host), but the worker may learn it first and second
-// hand, from a local peer that failed and left the shared-memory stage; so a
-// shared-memory failure waits up to 500 ms for the pending TCP stages and
-// reports a lost peer or a timeout there instead.
 
 // A piece of the buffer, elements [first, first + count), cut into L sections
 // of q = ceil(count / L) elements (the shared-memory reduce-scatter and
@@ -101,71 +74,6 @@ void unpad(const HierGroup::Piece& p, int L, size_t es, uint8_t* out) {
   }
 }
 
-// Runs tasks one after another on a thread of its own; the destructor runs
-// what is still queued, then joins.
-class SerialThread {
- public:
-  SerialThread() : thread_([this] { loop(); }) { named(thread_, "braid-hier"); }
-  ~SerialThread() {
-    {
-      std::lock_guard<std::mutex> lock(mu_);
-      closed_ = true;
-    }
-    cv_.notify_all();
-    thread_.join();
-  }
-  std::future<void> submit(std::function<void()> f) {
-    std::packaged_task<void()> task(std::move(f));
-    std::future<void> done = task.get_future();
-    {
-      std::lock_guard<std::mutex> lock(mu_);
-      queue_.push_back(std::move(task));
-    }
-    cv_.notify_all();
-    return done;
-  }
-
- private:
-  void loop() {
-    for (;;) {
-      std::packaged_task<void()> task;
-      {
-        std::unique_lock<std::mutex> lock(mu_);
-        cv_.wait(lock, [&] { return closed_ || !queue_.empty(); });
-        if (queue_.empty()) return;
-        task = std::move(queue_.front());
-        queue_.pop_front();
-      }
-      task();  // its exception goes to its future
-    }
-  }
-  std::mutex mu_;
-  std::condition_variable cv_;
-  std::deque<std::packaged_task<void()>> queue_;
-  bool closed_ = false;
-  std::thread thread_;  // last: starts once the members it uses exist
-};
-
-// The first TCP stage still pending that fails, within kLossGrace, because a
-// peer was lost or timed out; null if none does.
-constexpr auto kLossGrace = std::chrono::milliseconds(500);
-std::exception_ptr crossLoss(std::vector<std::future<void>>& crossed) {
-  const auto until = std::chrono::steady_clock::now() + kLossGrace;
-  for (auto& f : crossed) {
-    if (!f.valid()) continue;
-    if (f.wait_until(until) != std::future_status::ready) return nullptr;
-    try {
-      f.get();
-    } catch (const TimeoutError&) {
-      return std::current_exception();
-    } catch (const PeerLostError&) {
-      return std::current_exception();
-    } catch (...) {
-    }
-  }
-  return nullptr;
-}
-
 }  // namespace
 
 void HierGroup::allreduceStages(const OpDesc& op, const void* in, void* out) {
@@ -173,6 +81,7 @@ void HierGroup::allreduceStages(const OpDesc& op, const void* in, void* out) {
   const size_t es = elementSize(op.dtype), count = op.count;
   const ReduceOp red = hier::stageRedop(op.redop);
   const uint64_t pieceBytes = world_->config().hierPieceBytes;
+  // Pieces of a multiple of L elements: only the last piece has a short section.
   const size_t per = pieceBytes ? std::max<size_t>(1, pieceBytes / es / L) * L : count;
   const size_t numPieces = std::max<size_t>(1, (count + per - 1) / per);
 
@@ -228,45 +137,20 @@ void HierGroup::allreduceStages(const OpDesc& op, const void* in, void* out) {
     gather(0);
     return;
   }
-  std::vector<std::future<void>> crossed(numPieces);
-  SerialThread tcpStage;  // after the buffers: joined before they go
-  bool crossError = false;
-  auto crossedOk = [&](size_t i) {
-    try {
-      crossed[i].get();
-    } catch (...) {
-      crossError = true;
-      throw;
-    }
-  };
+  hier::CrossStages tcp(numPieces, *crossT_);  // after the buffers: joined before they go
   try {
     for (size_t i = 0; i < numPieces; ++i) {
       scatter(i);
-      crossed[i] = tcpStage.submit([&across, i] { across(i); });
+      tcp.submit(i, [&across, i] { across(i); });
       if (i > 0) {
-        crossedOk(i - 1);
+        tcp.wait(i - 1);
         gather(i - 1);
       }
     }
-    crossedOk(numPieces - 1);
+    tcp.wait(numPieces - 1);
     gather(numPieces - 1);
   } catch (...) {
-    // Note [Pipelined stages]: a host that goes away fails this rank's TCP
-    // stage, and may fail its shared-memory stage first, through a local peer
-    // that saw it and left: report the cause, not the echo.
-    std::exception_ptr error = std::current_exception();
-    if (!crossError) {
-      if (std::exception_ptr lost = crossLoss(crossed)) error = lost;
-    }
-    std::string why = errorText("allreduce", rank(), "a stage failed");
-    try {
-      std::rethrow_exception(error);
-    } catch (const std::exception& e) {
-      why = e.what();
-    } catch (...) {
-    }
-    crossT_->abort(why);
-    std::rethrow_exception(error);
+    tcp.fail(std::current_exception());
   }
 }
 
