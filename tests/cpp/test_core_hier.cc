@@ -186,6 +186,16 @@ TEST(Hier, OtherCollectivesStagedAtEverySize) {
   checkOthers({0, 0, 1, 1, 2, 2}, {3, 101});
 }
 
+// Pieces of 64 bytes (Note [Pipelined stages]): many pieces, a short last
+// piece, on 2 and 3 ranks per host and 3 hosts.
+TEST(Hier, OtherCollectivesPipelinedPieces) {
+  ScopedEnv min("BRAID_HIER_MIN_BYTES", "0");
+  ScopedEnv piece("BRAID_HIER_PIPELINE_BYTES", "64");
+  checkOthers({0, 0, 1, 1}, {0, 1, 33, 257});
+  checkOthers({0, 0, 0, 1, 1, 1}, {7, 101});
+  checkOthers({0, 1, 2, 0, 1, 2}, {40});
+}
+
 // At the default threshold: the small counts over the world group, the large
 // ones in stages, several TCP ring steps and shared-memory chunks each.
 TEST(Hier, OtherCollectivesEitherSideOfTheThreshold) {
@@ -229,8 +239,8 @@ TEST(Hier, RankLostMidPipelineFailsEveryRank) {
   });
 }
 
-// A rank that leaves in the middle of a staged broadcast or allgather (its
-// group aborted from another thread) fails every other rank by the op's
+// A rank that leaves in the middle of a staged, pipelined broadcast, reduce,
+// allgather or reduce_scatter (its group aborted from another thread) fails every other rank by the op's
 // deadline, and no stage touches the buffers after the op returns (ASan/TSan
 // builds check that). Each rank that fails marks its group broken, as the
 // backend does on a lost peer or a timeout, so that host mates waiting for it
@@ -238,7 +248,8 @@ TEST(Hier, RankLostMidPipelineFailsEveryRank) {
 // the leaving rank's own host mate may wait to its deadline, since a thread
 // that leaves does not close its group as a process that exits does.
 TEST(Hier, RankLostMidStagedOpFailsEveryRank) {
-  for (OpKind kind : {OpKind::kBroadcast, OpKind::kAllgather}) {
+  for (OpKind kind : {OpKind::kBroadcast, OpKind::kReduce, OpKind::kAllgather,
+                      OpKind::kReduceScatter}) {
     HierFixture f({0, 0, 1, 1});
     const auto deadline = std::chrono::milliseconds(4000);
     runRanks(4, [&](int r) {
@@ -259,8 +270,13 @@ TEST(Hier, RankLostMidStagedOpFailsEveryRank) {
         t0 = transport::Clock::now();
         try {
           OpDesc d = desc(kind, count, DataType::kFloat32, 0, ReduceOp::kSum, deadline);
-          if (kind == OpKind::kBroadcast) g.broadcast(d, buf.data());
-          else g.allgather(d, buf.data(), ptrs.data());
+          std::vector<const void*> ins(ptrs.begin(), ptrs.end());
+          switch (kind) {
+            case OpKind::kBroadcast: g.broadcast(d, buf.data()); break;
+            case OpKind::kReduce: g.reduce(d, buf.data(), outs[0].data()); break;
+            case OpKind::kAllgather: g.allgather(d, buf.data(), ptrs.data()); break;
+            default: g.reduceScatter(d, ins.data(), buf.data());
+          }
         } catch (const Error& e) {
           const std::string what = e.what();
           EXPECT_NE(what.find(collectives::opName(kind)), std::string::npos) << what;

@@ -1,8 +1,9 @@
 // Allgather and reduce-scatter in two stages (Note [Staged allgather and
-// reduce-scatter]).
+// reduce-scatter]), pipelined (Note [Pipelined stages] in hier/pipeline.h).
 #include <vector>
 
 #include "collectives/hier/hier_group.h"
+#include "collectives/hier/pipeline.h"
 #include "collectives/hier/stages.h"
 #include "collectives/net/collectives.h"
 #include "reduce/reduce.h"
@@ -24,59 +25,123 @@ namespace collectives {
 // this host's partial sum for rank (k, l); then, in cross group l, a
 // reduce-scatter of those H partial sums, leaving each rank its own block.
 // Like the staged allreduce, the stages sum and AVG divides once at the end,
-// and each stage's reduced-precision result is rounded to the dtype.
+// and each stage's reduced-precision result is rounded to the dtype. Large
+// blocks go through in pieces (the same range of every block at once), the
+// TCP stage of one piece beside the shared-memory stages of the next
+// (allgather) or the previous (reduce-scatter).
+
+namespace {
+template <typename P>
+P at(P p, size_t offset) {
+  return reinterpret_cast<P>(reinterpret_cast<uintptr_t>(p) + offset);
+}
+}  // namespace
 
 void HierGroup::allgatherStages(const OpDesc& op, const void* in, void* const* outs) {
   const int H = topo_.numHosts(), L = local_->size(), l = local_->rank();
-  const OpDesc part = hier::stageOp(op, OpKind::kAllgather, op.redop, op.count);
-  std::vector<void*> mine(H);  // the blocks of local rank l on every host
-  for (int k = 0; k < H; ++k) mine[k] = outs[topo_.ranksOn(k)[l]];
-  hier::stage(
-      [&] {
-        return hier::stageHead("allgather", rank(), world_->opCount(), 1, 2,
-                               hier::acrossHosts(topo_, "allgather"));
-      },
-      [&] { net::allgather(*cross_, part, in, mine.data()); });
-  std::vector<void*> mates(L);
-  for (int k = 0; k < H; ++k) {
-    for (int j = 0; j < L; ++j) mates[j] = outs[topo_.ranksOn(k)[j]];
+  const hier::Pieces pieces(op, world_->config().hierPieceBytes);
+  // Piece i of the block of rank (k, j).
+  auto block = [&](int k, int j, size_t i) { return at(outs[topo_.ranksOn(k)[j]], pieces.offset(i)); };
+  auto across = [&](size_t i) {
+    std::vector<void*> mine(H);  // local rank l's blocks on every host
+    for (int k = 0; k < H; ++k) mine[k] = block(k, l, i);
     hier::stage(
+        [&] { return stageHead("allgather", 1, hier::acrossHosts(topo_, "allgather") + pieces.suffix(i)); },
         [&] {
-          return hier::stageHead("allgather", rank(), world_->opCount(), 2, 2,
-                                 hier::withinHost(topo_, "allgather") +
-                                     strCat("; the blocks of host ", k + 1, " of ", H));
-        },
-        [&] { local_->allgather(part, mine[k], mates.data()); });
+          net::allgather(*cross_, pieces.op(op, OpKind::kAllgather, op.redop, i),
+                         at(in, pieces.offset(i)), mine.data());
+        });
+  };
+  auto within = [&](size_t i) {
+    std::vector<void*> mates(L);
+    for (int k = 0; k < H; ++k) {
+      for (int j = 0; j < L; ++j) mates[j] = block(k, j, i);
+      hier::stage(
+          [&] {
+            return stageHead("allgather", 2,
+                             hier::withinHost(topo_, "allgather") +
+                                 strCat("; the blocks of host ", k + 1, " of ", H) +
+                                 pieces.suffix(i));
+          },
+          [&] {
+            local_->allgather(pieces.op(op, OpKind::kAllgather, op.redop, i), mates[l],
+                              mates.data());
+          });
+    }
+  };
+  if (pieces.count() == 1) {
+    across(0);
+    within(0);
+    return;
+  }
+  hier::CrossStages tcp(pieces.count(), *crossT_);
+  try {
+    for (size_t i = 0; i < pieces.count(); ++i) tcp.submit(i, [&across, i] { across(i); });
+    for (size_t i = 0; i < pieces.count(); ++i) {
+      tcp.wait(i);
+      within(i);
+    }
+  } catch (...) {
+    tcp.fail(std::current_exception());
   }
 }
 
 void HierGroup::reduceScatterStages(const OpDesc& op, const void* const* ins, void* out) {
   const int H = topo_.numHosts(), L = local_->size();
-  const size_t count = op.count, bytes = op.bytes();
-  const OpDesc part =
-      hier::stageOp(op, OpKind::kReduceScatter, hier::stageRedop(op.redop), count);
+  const size_t bytes = op.bytes();
+  const ReduceOp red = hier::stageRedop(op.redop);
+  const hier::Pieces pieces(op, world_->config().hierPieceBytes);
   if (staging_.size() < H * bytes) staging_.resize(H * bytes);
-  std::vector<const void*> sums(H);  // this host's partial sums for rank (k, l)
-  std::vector<const void*> mates(L);
-  for (int k = 0; k < H; ++k) {
-    for (int j = 0; j < L; ++j) mates[j] = ins[topo_.ranksOn(k)[j]];
-    uint8_t* sum = staging_.data() + k * bytes;
-    sums[k] = sum;
+  // This host's partial sum for rank (k, l), piece i.
+  auto partial = [&](int k, size_t i) { return staging_.data() + k * bytes + pieces.offset(i); };
+  auto within = [&](size_t i) {
+    std::vector<const void*> mates(L);
+    for (int k = 0; k < H; ++k) {
+      for (int j = 0; j < L; ++j) mates[j] = at(ins[topo_.ranksOn(k)[j]], pieces.offset(i));
+      hier::stage(
+          [&] {
+            return stageHead("reduce_scatter", 1,
+                             hier::withinHost(topo_, "reduce-scatter") +
+                                 strCat("; the blocks of host ", k + 1, " of ", H) +
+                                 pieces.suffix(i));
+          },
+          [&] {
+            local_->reduceScatter(pieces.op(op, OpKind::kReduceScatter, red, i), mates.data(),
+                                  partial(k, i));
+          });
+    }
+  };
+  auto across = [&](size_t i) {
+    std::vector<const void*> sums(H);
+    for (int k = 0; k < H; ++k) sums[k] = partial(k, i);
     hier::stage(
         [&] {
-          return hier::stageHead("reduce_scatter", rank(), world_->opCount(), 1, 2,
-                                 hier::withinHost(topo_, "reduce-scatter") +
-                                     strCat("; the blocks of host ", k + 1, " of ", H));
+          return stageHead("reduce_scatter", 2,
+                           hier::acrossHosts(topo_, "reduce-scatter") + pieces.suffix(i));
         },
-        [&] { local_->reduceScatter(part, mates.data(), sum); });
+        [&] {
+          net::reduceScatter(*cross_, pieces.op(op, OpKind::kReduceScatter, red, i), sums.data(),
+                             at(out, pieces.offset(i)));
+        });
+  };
+  if (pieces.count() == 1) {
+    within(0);
+    across(0);
+  } else {
+    hier::CrossStages tcp(pieces.count(), *crossT_);
+    try {
+      for (size_t i = 0; i < pieces.count(); ++i) {
+        within(i);
+        tcp.submit(i, [&across, i] { across(i); });
+      }
+      for (size_t i = 0; i < pieces.count(); ++i) tcp.wait(i);
+    } catch (...) {
+      tcp.fail(std::current_exception());
+    }
   }
-  hier::stage(
-      [&] {
-        return hier::stageHead("reduce_scatter", rank(), world_->opCount(), 2, 2,
-                               hier::acrossHosts(topo_, "reduce-scatter"));
-      },
-      [&] { net::reduceScatter(*cross_, part, sums.data(), out); });
-  if (op.redop == ReduceOp::kAvg && count) reduce::divide(op.dtype, out, out, size(), count);
+  if (op.redop == ReduceOp::kAvg && op.count) {
+    reduce::divide(op.dtype, out, out, size(), op.count);
+  }
 }
 
 }  // namespace collectives

@@ -1,5 +1,10 @@
-// Broadcast and reduce in two stages (Note [Staged broadcast and reduce]).
+// Broadcast and reduce in two stages (Note [Staged broadcast and reduce]),
+// pipelined (Note [Pipelined stages] in hier/pipeline.h).
+#include <algorithm>
+#include <vector>
+
 #include "collectives/hier/hier_group.h"
+#include "collectives/hier/pipeline.h"
 #include "collectives/hier/stages.h"
 #include "collectives/net/collectives.h"
 #include "reduce/reduce.h"
@@ -16,9 +21,12 @@ namespace collectives {
 // to local rank lr within each host, then a reduce across hosts to host hr in
 // cross group lr. Ranks of other local ranks sit out the TCP stage: their
 // cross groups run nothing, so every cross group still counts the same ops on
-// all its ranks. The stages sum and AVG divides once, on the root.
+// all its ranks. The stages sum and AVG divides once, on the root. Large
+// buffers go through in pieces, the TCP stage of one piece beside the
+// shared-memory stage of the next (broadcast) or the previous (reduce).
 
 namespace {
+
 int localRankOf(const transport::Topology& topo, int rank) {
   const std::vector<int>& mates = topo.ranksOn(topo.hostOf(rank));
   for (size_t j = 0; j < mates.size(); ++j) {
@@ -26,53 +34,84 @@ int localRankOf(const transport::Topology& topo, int rank) {
   }
   return -1;  // not reached: every rank is on its host
 }
+
 }  // namespace
 
 void HierGroup::broadcastStages(const OpDesc& op, void* buf) {
   const int hr = topo_.hostOf(op.root), lr = localRankOf(topo_, op.root);
-  if (local_->rank() == lr) {
-    hier::stage(
-        [&] {
-          return hier::stageHead("broadcast", rank(), world_->opCount(), 1, 2,
-                                 hier::acrossHosts(topo_, "broadcast"));
-        },
-        [&] {
-          net::broadcast(*cross_, hier::stageOp(op, OpKind::kBroadcast, op.redop, op.count, hr),
-                         buf);
-        });
+  const bool crosses = local_->rank() == lr;
+  const hier::Pieces pieces(op, world_->config().hierPieceBytes);
+  auto* b = static_cast<uint8_t*>(buf);
+  auto across = [&](size_t i) {
+    hier::stage([&] { return stageHead("broadcast", 1, hier::acrossHosts(topo_, "broadcast") + pieces.suffix(i)); },
+                [&] {
+                  net::broadcast(*cross_, pieces.op(op, OpKind::kBroadcast, op.redop, i, hr),
+                                 b + pieces.offset(i));
+                });
+  };
+  auto within = [&](size_t i) {
+    hier::stage([&] { return stageHead("broadcast", 2, hier::withinHost(topo_, "broadcast") + pieces.suffix(i)); },
+                [&] {
+                  local_->broadcast(pieces.op(op, OpKind::kBroadcast, op.redop, i, lr),
+                                    b + pieces.offset(i));
+                });
+  };
+  if (!crosses || pieces.count() == 1) {
+    for (size_t i = 0; i < pieces.count(); ++i) {
+      if (crosses) across(i);
+      within(i);
+    }
+    return;
   }
-  hier::stage(
-      [&] {
-        return hier::stageHead("broadcast", rank(), world_->opCount(), 2, 2,
-                               hier::withinHost(topo_, "broadcast"));
-      },
-      [&] {
-        local_->broadcast(hier::stageOp(op, OpKind::kBroadcast, op.redop, op.count, lr), buf);
-      });
+  hier::CrossStages tcp(pieces.count(), *crossT_);
+  try {
+    for (size_t i = 0; i < pieces.count(); ++i) tcp.submit(i, [&across, i] { across(i); });
+    for (size_t i = 0; i < pieces.count(); ++i) {
+      tcp.wait(i);
+      within(i);
+    }
+  } catch (...) {
+    tcp.fail(std::current_exception());
+  }
 }
 
 void HierGroup::reduceStages(const OpDesc& op, const void* in, void* out) {
   const int hr = topo_.hostOf(op.root), lr = localRankOf(topo_, op.root);
+  const bool crosses = local_->rank() == lr, root = rank() == op.root;
   const ReduceOp red = hier::stageRedop(op.redop);
+  const hier::Pieces pieces(op, world_->config().hierPieceBytes);
   if (staging_.size() < op.bytes()) staging_.resize(op.bytes());
   uint8_t* sum = staging_.data();  // this host's sum, on local rank lr
-  hier::stage(
-      [&] {
-        return hier::stageHead("reduce", rank(), world_->opCount(), 1, 2,
-                               hier::withinHost(topo_, "reduce"));
-      },
-      [&] { local_->reduce(hier::stageOp(op, OpKind::kReduce, red, op.count, lr), in, sum); });
-  if (local_->rank() != lr) return;
-  const bool root = rank() == op.root;
-  hier::stage(
-      [&] {
-        return hier::stageHead("reduce", rank(), world_->opCount(), 2, 2,
-                               hier::acrossHosts(topo_, "reduce"));
-      },
-      [&] {
-        net::reduce(*cross_, hier::stageOp(op, OpKind::kReduce, red, op.count, hr), sum,
-                    root ? out : sum);
-      });
+  auto within = [&](size_t i) {
+    hier::stage([&] { return stageHead("reduce", 1, hier::withinHost(topo_, "reduce") + pieces.suffix(i)); }, [&] {
+      local_->reduce(pieces.op(op, OpKind::kReduce, red, i, lr),
+                     static_cast<const uint8_t*>(in) + pieces.offset(i), sum + pieces.offset(i));
+    });
+  };
+  auto across = [&](size_t i) {
+    uint8_t* s = sum + pieces.offset(i);
+    hier::stage([&] { return stageHead("reduce", 2, hier::acrossHosts(topo_, "reduce") + pieces.suffix(i)); }, [&] {
+      net::reduce(*cross_, pieces.op(op, OpKind::kReduce, red, i, hr), s,
+                  root ? static_cast<uint8_t*>(out) + pieces.offset(i) : s);
+    });
+  };
+  if (!crosses || pieces.count() == 1) {
+    for (size_t i = 0; i < pieces.count(); ++i) {
+      within(i);
+      if (crosses) across(i);
+    }
+  } else {
+    hier::CrossStages tcp(pieces.count(), *crossT_);
+    try {
+      for (size_t i = 0; i < pieces.count(); ++i) {
+        within(i);
+        tcp.submit(i, [&across, i] { across(i); });
+      }
+      for (size_t i = 0; i < pieces.count(); ++i) tcp.wait(i);
+    } catch (...) {
+      tcp.fail(std::current_exception());
+    }
+  }
   if (root && op.redop == ReduceOp::kAvg && op.count) {
     reduce::divide(op.dtype, out, out, size(), op.count);
   }

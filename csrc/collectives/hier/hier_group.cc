@@ -1,5 +1,6 @@
 #include "collectives/hier/hier_group.h"
 
+#include "collectives/hier/stages.h"
 #include "collectives/net/collectives.h"
 #include "common/error.h"
 #include "common/logging.h"
@@ -18,11 +19,11 @@ BRAID_SETTING_INT(kHierMin, "BRAID_HIER_MIN_BYTES", 64 << 10,
                   "(Note [Collectives across hosts]); below, and where hosts run different numbers "
                   "of ranks, every rank exchanges over TCP. Must be equal on every rank.");
 BRAID_SETTING_INT(kHierPiece, "BRAID_HIER_PIPELINE_BYTES", 4 << 20,
-                  "Bytes per piece of a staged allreduce across hosts: the pieces go through the "
-                  "stages one after another, the TCP stage of one overlapping the shared-memory "
-                  "stages of its neighbours (Note [Pipelined stages]; 2x2 hosts at 1 Gbit/s, "
-                  "64 MiB: 609 ms with one piece, 564 ms with 4 MiB); 0: one piece. Must be "
-                  "equal on every rank.");
+                  "Bytes per piece of a staged op across hosts (of each block, for allgather and "
+                  "reduce_scatter): the pieces go through the stages one after another, the TCP "
+                  "stage of one overlapping the shared-memory stages of its neighbours (Note "
+                  "[Pipelined stages]; 2x2 hosts at 1 Gbit/s, 64 MiB allreduce: 609 ms with one "
+                  "piece, 564 ms with 4 MiB); 0: one piece. Must be equal on every rank.");
 
 namespace {
 
@@ -134,6 +135,10 @@ bool HierGroup::staged(const OpDesc& op) const {
     default:
       return false;
   }
+}
+
+std::string HierGroup::stageHead(const char* op, int n, const std::string& where) const {
+  return hier::stageHead(op, rank(), world_->opCount(), n, 2, where);
 }
 
 void HierGroup::allreduce(const OpDesc& op, const void* in, void* out) {

@@ -28,7 +28,8 @@
 // host, where the hierarchy sends 2(H-1)/H per host in all. From the same
 // threshold, broadcast and reduce (hier/broadcast.cc, Note [Staged broadcast
 // and reduce]) and allgather and reduce_scatter (hier/allgather.cc, Note
-// [Staged allgather and reduce-scatter]) run in two stages of the same kind.
+// [Staged allgather and reduce-scatter]) run in two stages of the same kind,
+// pipelined as well.
 // Everything else (smaller buffers, groups with one rank per host or uneven
 // hosts, gather, scatter, alltoall, barrier) runs over the world group, whose
 // algorithms are latency-optimal for small buffers (a direct exchange) and
@@ -104,6 +105,9 @@ class HierGroup : public Group {
   void reduceScatterStages(const OpDesc& op, const void* const* ins, void* out);
   void broadcastStages(const OpDesc& op, void* buf);  // hier/broadcast.cc
   void reduceStages(const OpDesc& op, const void* in, void* out);
+  // "braid <op> (rank r): op #k, stage n of 2 (<where>): ", which a two-stage
+  // op's stage errors lead with (hier::stage).
+  std::string stageHead(const char* op, int n, const std::string& where) const;
 
   const transport::Topology topo_;
   std::unique_ptr<transport::Transport> worldT_, crossT_, p2pT_;

@@ -2,6 +2,7 @@
 // one stage, and errors that say which stage failed.
 #pragma once
 
+#include <algorithm>
 #include <string>
 #include <vector>
 
@@ -32,6 +33,31 @@ inline OpDesc stageOp(const OpDesc& op, OpKind kind, ReduceOp redop, size_t coun
 // The stages sum and divide once at the end (ReduceOp::kAvg divides by the
 // sub-group's size, which is not the group's).
 inline ReduceOp stageRedop(ReduceOp r) { return r == ReduceOp::kAvg ? ReduceOp::kSum : r; }
+
+// A buffer (or each block) of op.count elements, cut into pieces of
+// BRAID_HIER_PIPELINE_BYTES (Note [Pipelined stages]); one piece when that is
+// 0, and an empty buffer is one empty piece.
+class Pieces {
+ public:
+  Pieces(const OpDesc& op, uint64_t pieceBytes)
+      : es_(elementSize(op.dtype)), total_(op.count),
+        per_(pieceBytes ? std::max<size_t>(1, pieceBytes / es_) : std::max<size_t>(1, total_)),
+        n_(std::max<size_t>(1, (total_ + per_ - 1) / per_)) {}
+  size_t count() const { return n_; }
+  size_t size(size_t i) const { return std::min(per_, total_ - std::min(total_, i * per_)); }
+  size_t offset(size_t i) const { return i * per_ * es_; }  // bytes
+  // Piece i's op, as stageOp.
+  OpDesc op(const OpDesc& o, OpKind kind, ReduceOp redop, size_t i, int root = 0) const {
+    return stageOp(o, kind, redop, size(i), root);
+  }
+  // "; piece 2 of 4" for errors; nothing for one piece.
+  std::string suffix(size_t i) const {
+    return n_ > 1 ? strCat("; piece ", i + 1, " of ", n_) : std::string();
+  }
+
+ private:
+  size_t es_, total_, per_, n_;
+};
 
 inline std::string rankList(const std::vector<int>& ranks) {
   std::string s;
