@@ -41,12 +41,17 @@ void HierGroup::allgatherStages(const OpDesc& op, const void* in, void* const* o
   const int H = topo_.numHosts(), L = local_->size(), l = local_->rank();
   const hier::Pieces pieces(op, world_->config().hierPieceBytes);
   // Piece i of the block of rank (k, j).
-  auto block = [&](int k, int j, size_t i) { return at(outs[topo_.ranksOn(k)[j]], pieces.offset(i)); };
+  auto block = [&](int k, int j, size_t i) {
+    return at(outs[topo_.ranksOn(k)[j]], pieces.offset(i));
+  };
   auto across = [&](size_t i) {
     std::vector<void*> mine(H);  // local rank l's blocks on every host
     for (int k = 0; k < H; ++k) mine[k] = block(k, l, i);
     hier::stage(
-        [&] { return stageHead("allgather", 1, hier::acrossHosts(topo_, "allgather") + pieces.suffix(i)); },
+        [&] {
+          return stageHead("allgather", 1,
+                           hier::acrossHosts(topo_, "allgather") + pieces.suffix(i));
+        },
         [&] {
           net::allgather(*cross_, pieces.op(op, OpKind::kAllgather, op.redop, i),
                          at(in, pieces.offset(i)), mine.data());
@@ -69,21 +74,7 @@ void HierGroup::allgatherStages(const OpDesc& op, const void* in, void* const* o
           });
     }
   };
-  if (pieces.count() == 1) {
-    across(0);
-    within(0);
-    return;
-  }
-  hier::CrossStages tcp(pieces.count(), *crossT_);
-  try {
-    for (size_t i = 0; i < pieces.count(); ++i) tcp.submit(i, [&across, i] { across(i); });
-    for (size_t i = 0; i < pieces.count(); ++i) {
-      tcp.wait(i);
-      within(i);
-    }
-  } catch (...) {
-    tcp.fail(std::current_exception());
-  }
+  hier::acrossThenWithin(pieces.count(), *crossT_, across, within);
 }
 
 void HierGroup::reduceScatterStages(const OpDesc& op, const void* const* ins, void* out) {
@@ -124,21 +115,7 @@ void HierGroup::reduceScatterStages(const OpDesc& op, const void* const* ins, vo
                              at(out, pieces.offset(i)));
         });
   };
-  if (pieces.count() == 1) {
-    within(0);
-    across(0);
-  } else {
-    hier::CrossStages tcp(pieces.count(), *crossT_);
-    try {
-      for (size_t i = 0; i < pieces.count(); ++i) {
-        within(i);
-        tcp.submit(i, [&across, i] { across(i); });
-      }
-      for (size_t i = 0; i < pieces.count(); ++i) tcp.wait(i);
-    } catch (...) {
-      tcp.fail(std::current_exception());
-    }
-  }
+  hier::withinThenAcross(pieces.count(), *crossT_, within, across);
   if (op.redop == ReduceOp::kAvg && op.count) {
     reduce::divide(op.dtype, out, out, size(), op.count);
   }

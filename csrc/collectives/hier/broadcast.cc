@@ -43,36 +43,28 @@ void HierGroup::broadcastStages(const OpDesc& op, void* buf) {
   const hier::Pieces pieces(op, world_->config().hierPieceBytes);
   auto* b = static_cast<uint8_t*>(buf);
   auto across = [&](size_t i) {
-    hier::stage([&] { return stageHead("broadcast", 1, hier::acrossHosts(topo_, "broadcast") + pieces.suffix(i)); },
-                [&] {
-                  net::broadcast(*cross_, pieces.op(op, OpKind::kBroadcast, op.redop, i, hr),
-                                 b + pieces.offset(i));
-                });
+    hier::stage(
+        [&] {
+          return stageHead("broadcast", 1,
+                           hier::acrossHosts(topo_, "broadcast") + pieces.suffix(i));
+        },
+        [&] {
+          net::broadcast(*cross_, pieces.op(op, OpKind::kBroadcast, op.redop, i, hr),
+                         b + pieces.offset(i));
+        });
   };
   auto within = [&](size_t i) {
-    hier::stage([&] { return stageHead("broadcast", 2, hier::withinHost(topo_, "broadcast") + pieces.suffix(i)); },
-                [&] {
-                  local_->broadcast(pieces.op(op, OpKind::kBroadcast, op.redop, i, lr),
-                                    b + pieces.offset(i));
-                });
+    hier::stage(
+        [&] {
+          return stageHead("broadcast", 2, hier::withinHost(topo_, "broadcast") + pieces.suffix(i));
+        },
+        [&] {
+          local_->broadcast(pieces.op(op, OpKind::kBroadcast, op.redop, i, lr),
+                            b + pieces.offset(i));
+        });
   };
-  if (!crosses || pieces.count() == 1) {
-    for (size_t i = 0; i < pieces.count(); ++i) {
-      if (crosses) across(i);
-      within(i);
-    }
-    return;
-  }
-  hier::CrossStages tcp(pieces.count(), *crossT_);
-  try {
-    for (size_t i = 0; i < pieces.count(); ++i) tcp.submit(i, [&across, i] { across(i); });
-    for (size_t i = 0; i < pieces.count(); ++i) {
-      tcp.wait(i);
-      within(i);
-    }
-  } catch (...) {
-    tcp.fail(std::current_exception());
-  }
+  if (crosses) return hier::acrossThenWithin(pieces.count(), *crossT_, across, within);
+  for (size_t i = 0; i < pieces.count(); ++i) within(i);
 }
 
 void HierGroup::reduceStages(const OpDesc& op, const void* in, void* out) {
@@ -83,34 +75,31 @@ void HierGroup::reduceStages(const OpDesc& op, const void* in, void* out) {
   if (staging_.size() < op.bytes()) staging_.resize(op.bytes());
   uint8_t* sum = staging_.data();  // this host's sum, on local rank lr
   auto within = [&](size_t i) {
-    hier::stage([&] { return stageHead("reduce", 1, hier::withinHost(topo_, "reduce") + pieces.suffix(i)); }, [&] {
-      local_->reduce(pieces.op(op, OpKind::kReduce, red, i, lr),
-                     static_cast<const uint8_t*>(in) + pieces.offset(i), sum + pieces.offset(i));
-    });
+    hier::stage(
+        [&] {
+          return stageHead("reduce", 1, hier::withinHost(topo_, "reduce") + pieces.suffix(i));
+        },
+        [&] {
+          local_->reduce(pieces.op(op, OpKind::kReduce, red, i, lr),
+                         static_cast<const uint8_t*>(in) + pieces.offset(i),
+                         sum + pieces.offset(i));
+        });
   };
   auto across = [&](size_t i) {
     uint8_t* s = sum + pieces.offset(i);
-    hier::stage([&] { return stageHead("reduce", 2, hier::acrossHosts(topo_, "reduce") + pieces.suffix(i)); }, [&] {
-      net::reduce(*cross_, pieces.op(op, OpKind::kReduce, red, i, hr), s,
-                  root ? static_cast<uint8_t*>(out) + pieces.offset(i) : s);
-    });
+    hier::stage(
+        [&] {
+          return stageHead("reduce", 2, hier::acrossHosts(topo_, "reduce") + pieces.suffix(i));
+        },
+        [&] {
+          net::reduce(*cross_, pieces.op(op, OpKind::kReduce, red, i, hr), s,
+                      root ? static_cast<uint8_t*>(out) + pieces.offset(i) : s);
+        });
   };
-  if (!crosses || pieces.count() == 1) {
-    for (size_t i = 0; i < pieces.count(); ++i) {
-      within(i);
-      if (crosses) across(i);
-    }
+  if (crosses) {
+    hier::withinThenAcross(pieces.count(), *crossT_, within, across);
   } else {
-    hier::CrossStages tcp(pieces.count(), *crossT_);
-    try {
-      for (size_t i = 0; i < pieces.count(); ++i) {
-        within(i);
-        tcp.submit(i, [&across, i] { across(i); });
-      }
-      for (size_t i = 0; i < pieces.count(); ++i) tcp.wait(i);
-    } catch (...) {
-      tcp.fail(std::current_exception());
-    }
+    for (size_t i = 0; i < pieces.count(); ++i) within(i);
   }
   if (root && op.redop == ReduceOp::kAvg && op.count) {
     reduce::divide(op.dtype, out, out, size(), op.count);

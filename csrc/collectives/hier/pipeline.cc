@@ -119,6 +119,44 @@ void CrossStages::fail(std::exception_ptr error) {
   std::rethrow_exception(error);
 }
 
+void acrossThenWithin(size_t pieces, transport::Transport& cross, const PieceStage& across,
+                      const PieceStage& within) {
+  if (pieces == 1) {
+    across(0);
+    within(0);
+    return;
+  }
+  CrossStages tcp(pieces, cross);
+  try {
+    for (size_t i = 0; i < pieces; ++i) tcp.submit(i, [&across, i] { across(i); });
+    for (size_t i = 0; i < pieces; ++i) {
+      tcp.wait(i);
+      within(i);
+    }
+  } catch (...) {
+    tcp.fail(std::current_exception());
+  }
+}
+
+void withinThenAcross(size_t pieces, transport::Transport& cross, const PieceStage& within,
+                      const PieceStage& across) {
+  if (pieces == 1) {
+    within(0);
+    across(0);
+    return;
+  }
+  CrossStages tcp(pieces, cross);
+  try {
+    for (size_t i = 0; i < pieces; ++i) {
+      within(i);
+      tcp.submit(i, [&across, i] { across(i); });
+    }
+    for (size_t i = 0; i < pieces; ++i) tcp.wait(i);
+  } catch (...) {
+    tcp.fail(std::current_exception());
+  }
+}
+
 }  // namespace hier
 }  // namespace collectives
 }  // namespace braid

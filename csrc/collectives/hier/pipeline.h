@@ -58,6 +58,17 @@ class CrossStages {
   std::unique_ptr<SerialThread> thread_;
 };
 
+// A two-stage op over `pieces` pieces: across(i), its TCP stage, on the
+// CrossStages thread; within(i), its shared-memory stage, on the caller.
+// One piece runs both on the caller.
+using PieceStage = std::function<void(size_t)>;
+// Broadcast, allgather: piece i's TCP stage, then its shared-memory stage.
+void acrossThenWithin(size_t pieces, transport::Transport& cross, const PieceStage& across,
+                      const PieceStage& within);
+// Reduce, reduce_scatter: piece i's shared-memory stage, then its TCP stage.
+void withinThenAcross(size_t pieces, transport::Transport& cross, const PieceStage& within,
+                      const PieceStage& across);
+
 }  // namespace hier
 }  // namespace collectives
 }  // namespace braid

@@ -40,7 +40,8 @@ inline ReduceOp stageRedop(ReduceOp r) { return r == ReduceOp::kAvg ? ReduceOp::
 class Pieces {
  public:
   Pieces(const OpDesc& op, uint64_t pieceBytes)
-      : es_(elementSize(op.dtype)), total_(op.count),
+      : es_(elementSize(op.dtype)),
+        total_(op.count),
         per_(pieceBytes ? std::max<size_t>(1, pieceBytes / es_) : std::max<size_t>(1, total_)),
         n_(std::max<size_t>(1, (total_ + per_ - 1) / per_)) {}
   size_t count() const { return n_; }
