@@ -240,23 +240,33 @@ TEST(Hier, RankLostMidPipelineFailsEveryRank) {
 }
 
 // A rank that leaves in the middle of a staged, pipelined broadcast, reduce,
-// allgather or reduce_scatter (its group aborted from another thread) fails every other rank by the op's
-// deadline, and no stage touches the buffers after the op returns (ASan/TSan
-// builds check that). Each rank that fails marks its group broken, as the
+// allgather or reduce_scatter (its group aborted from another thread) fails
+// every other rank by the op's deadline (ASan/TSan builds check the threads
+// and the pieces; that no TCP stage outlives its op, which CrossStages makes
+// so, the pipelined allreduce's test checks by freeing the buffers). Each rank that fails marks its group broken, as the
 // backend does on a lost peer or a timeout, so that host mates waiting for it
 // in a shared-memory stage learn it at once (Note [A rank that gives up]);
 // the leaving rank's own host mate may wait to its deadline, since a thread
-// that leaves does not close its group as a process that exits does.
+// that leaves does not close its group as a process that exits does. The
+// buffers outlive every rank's op: a host mate may still read a failed rank's
+// input directly (Note [Direct transfers]), which between processes reads
+// memory that stays mapped (or fails) and fails the op at its last step, but
+// between threads reads freed memory.
 TEST(Hier, RankLostMidStagedOpFailsEveryRank) {
   for (OpKind kind : {OpKind::kBroadcast, OpKind::kReduce, OpKind::kAllgather,
                       OpKind::kReduceScatter}) {
     HierFixture f({0, 0, 1, 1});
     const auto deadline = std::chrono::milliseconds(4000);
+    const size_t count = 4 << 20;
+    struct Buffers {
+      std::vector<float> buf = std::vector<float>(count, 1.0f);
+      std::vector<std::vector<float>> outs{4, std::vector<float>(count)};
+    };
+    std::vector<Buffers> mem(4);
     runRanks(4, [&](int r) {
       Group& g = *f.groups[r];
-      const size_t count = 4 << 20;
-      std::vector<float> buf(count, 1.0f);
-      std::vector<std::vector<float>> outs(4, std::vector<float>(count));
+      std::vector<float>& buf = mem[r].buf;
+      std::vector<std::vector<float>>& outs = mem[r].outs;
       std::vector<void*> ptrs = {outs[0].data(), outs[1].data(), outs[2].data(), outs[3].data()};
       std::future<void> leave;
       if (r == 3) {
