@@ -265,7 +265,10 @@ def test_benchmark_places_ranks_on_hosts_and_reports_each_backend(tmp_path):
 
 
 def test_a_terminated_owner_tears_down_and_a_killed_ones_leftovers_are_found():
-    code = (f"import sys, time; sys.path.insert(0, {os.path.join(H.REPO, 'tools')!r}); "
+    # SIGINT as in a terminal (KeyboardInterrupt), even when this run inherited it ignored
+    # (a CI started in the background, or under nohup), which Python's children keep.
+    code = (f"import signal, sys, time; sys.path.insert(0, {os.path.join(H.REPO, 'tools')!r}); "
+            "signal.signal(signal.SIGINT, signal.default_int_handler); "
             "import hosts; h = hosts.Hosts(2); print(h.prefix, flush=True); time.sleep(60)")
     for sig in (signal.SIGTERM, signal.SIGINT, signal.SIGKILL):
         owner = subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE, text=True)
