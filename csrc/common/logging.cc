@@ -25,7 +25,9 @@ LogLevel logLevel() {
 
 LogLine::LogLine(LogLevel level, const char* tag, int rank) {
   static const char kLetters[] = "EWIDT";
-  os_ << "[braid rank " << rank << ' ' << tag << ' ' << kLetters[static_cast<int>(level)] << "] ";
+  os_ << "[braid ";
+  if (rank >= 0) os_ << "rank " << rank << ' ';  // -1: no rank (a process-wide line)
+  os_ << tag << ' ' << kLetters[static_cast<int>(level)] << "] ";
 }
 
 LogLine::~LogLine() {

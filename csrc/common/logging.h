@@ -3,6 +3,8 @@
 //
 //   BRAID_LOG(kInfo, "shm", rank) << "mapped " << n << " segments";
 //   -> "[braid rank 0 shm I] mapped 4 segments"
+// A rank of -1 (a line about the whole process) leaves the rank out:
+// "[braid settings W] ...".
 #pragma once
 
 #include <sstream>

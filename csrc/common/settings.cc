@@ -5,8 +5,11 @@
 #include <cstring>
 #include <map>
 #include <mutex>
+#include <set>
+#include <string>
 
 #include "common/error.h"
+#include "common/logging.h"
 
 namespace braid {
 namespace {
@@ -38,7 +41,9 @@ void registerSetting(const SettingInfo& info) {
 std::string SettingInfo::currentValue() const {
   const char* v = envOrNull(name);
   if (v && std::strcmp(type, "secret") == 0) return "<hidden>";
-  return v ? std::string(v) : defaultValue;
+  if (v) return v;
+  const char* old = formerly ? envOrNull(formerly) : nullptr;  // Note [Renamed settings]
+  return old ? strCat(old, " (from ", formerly, ")") : defaultValue;
 }
 
 std::vector<SettingInfo> allSettings() {
@@ -48,12 +53,31 @@ std::vector<SettingInfo> allSettings() {
   return out;
 }
 
-IntSetting::IntSetting(const char* name, int64_t def, const char* doc) : name_(name), default_(def) {
-  detail::registerSetting({name, "int", std::to_string(def), doc});
+IntSetting::IntSetting(const char* name, int64_t def, const char* doc, const char* formerly)
+    : name_(name), default_(def), formerly_(formerly) {
+  detail::registerSetting({name, "int", std::to_string(def), doc, formerly});
 }
+
+namespace {
+// Once per process and former name (Note [Renamed settings]).
+void sayRenamed(const char* formerly, const char* name, bool ignored) {
+  static std::mutex mu;
+  static std::set<std::string> said;
+  std::lock_guard<std::mutex> lock(mu);
+  if (!said.insert(formerly).second) return;
+  BRAID_LOG(kWarn, "settings", -1)
+      << formerly << " was renamed " << name
+      << (ignored ? ": both are set, so " + std::string(formerly) + " is ignored"
+                  : ": its value is used; set " + std::string(name) + " instead");
+}
+}  // namespace
 
 int64_t IntSetting::get() const {
   const char* v = envOrNull(name_);
+  if (const char* old = formerly_ ? envOrNull(formerly_) : nullptr) {
+    sayRenamed(formerly_, name_, v != nullptr);
+    if (!v) v = old;
+  }
   if (!v) return default_;
   char* end = nullptr;
   long long x = std::strtoll(v, &end, 0);

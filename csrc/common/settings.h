@@ -25,6 +25,7 @@ struct SettingInfo {
   const char* type;  // "int", "bool", "string", "secret" (its value is never shown)
   std::string defaultValue;
   const char* doc;
+  const char* formerly = nullptr;    // its former name (Note [Renamed settings])
   std::string currentValue() const;  // the environment's value, or the default
 };
 
@@ -35,15 +36,22 @@ namespace detail {
 void registerSetting(const SettingInfo& info);
 }
 
+// Note [Renamed settings]
+// A setting that was renamed keeps its former name: get() still reads it
+// when the new one is unset, and says so once per process (a warning naming
+// both), so that a script written for the old name keeps its meaning and
+// learns the new one. When both are set, the new one wins, and the warning
+// says the old one is ignored.
 class IntSetting {
  public:
-  IntSetting(const char* name, int64_t def, const char* doc);
+  IntSetting(const char* name, int64_t def, const char* doc, const char* formerly = nullptr);
   int64_t get() const;
   const char* name() const { return name_; }
 
  private:
   const char* name_;
   int64_t default_;
+  const char* formerly_;  // Note [Renamed settings]
 };
 
 class BoolSetting {
@@ -69,6 +77,9 @@ class StringSetting {
 }  // namespace braid
 
 #define BRAID_SETTING_INT(var, name, def, doc) static const ::braid::IntSetting var(name, def, doc)
+// An int setting whose former name is still read (Note [Renamed settings]).
+#define BRAID_SETTING_INT_RENAMED(var, name, formerly, def, doc) \
+  static const ::braid::IntSetting var(name, def, doc, formerly)
 #define BRAID_SETTING_BOOL(var, name, def, doc) static const ::braid::BoolSetting var(name, def, doc)
 #define BRAID_SETTING_STRING(var, name, def, doc) \
   static const ::braid::StringSetting var(name, def, doc)

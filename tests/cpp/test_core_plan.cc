@@ -8,6 +8,7 @@
 #include <vector>
 
 #include "collectives/shm/collectives.h"
+#include "common/settings.h"
 #include "core_group.h"
 
 namespace braid {
@@ -141,6 +142,28 @@ TEST(Settings, ReadOnceWhenTheGroupIsCreated) {
 
 // What fixes the shared memory's layout differs: creating the group fails
 // on every rank, naming the setting and both values.
+// Note [Renamed settings]: the former name is still read while the new one
+// is unset, and a warning naming both is printed once per process.
+TEST(Settings, ARenamedSettingStillReadsItsFormerNameAndSaysSo) {
+  static const IntSetting renamed("BRAID_TEST_NEW_NAME", 7, "a test setting",
+                                  "BRAID_TEST_OLD_NAME");
+  EXPECT_EQ(renamed.get(), 7);
+  setenv("BRAID_TEST_OLD_NAME", "64K", 1);
+  ::testing::internal::CaptureStderr();
+  EXPECT_EQ(renamed.get(), 64 << 10);
+  EXPECT_EQ(renamed.get(), 64 << 10);
+  std::string said = ::testing::internal::GetCapturedStderr();
+  EXPECT_NE(said.find("[braid settings W] BRAID_TEST_OLD_NAME was renamed BRAID_TEST_NEW_NAME: "
+                      "its value is used"),
+            std::string::npos)
+      << said;
+  EXPECT_EQ(said.find("renamed"), said.rfind("renamed")) << "once per process: " << said;
+  setenv("BRAID_TEST_NEW_NAME", "5", 1);
+  EXPECT_EQ(renamed.get(), 5);  // the new name wins
+  unsetenv("BRAID_TEST_OLD_NAME");
+  unsetenv("BRAID_TEST_NEW_NAME");
+}
+
 TEST(Settings, DifferentWindowLayoutsFailEveryRank) {
   for (bool slot : {true, false}) {
     testing::MemoryStore store;

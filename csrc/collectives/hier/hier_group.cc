@@ -12,12 +12,13 @@ namespace braid {
 namespace collectives {
 
 // Compared in the world's header (Note [Settings that shape an op]).
-BRAID_SETTING_INT(kHierMin, "BRAID_HIER_MIN_BYTES", 64 << 10,
+BRAID_SETTING_INT_RENAMED(kHierMin, "BRAID_HIER_MIN_BYTES", "BRAID_HIER_ALLREDUCE_MIN", 64 << 10,
                   "Bytes (of the whole buffer; allgather and reduce_scatter: of all ranks' "
                   "blocks) from which allreduce, broadcast, reduce, allgather and reduce_scatter "
                   "across hosts run in stages: shared memory within each host, TCP between hosts "
                   "(Note [Collectives across hosts]); below, and where hosts run different numbers "
-                  "of ranks, every rank exchanges over TCP. Must be equal on every rank.");
+                  "of ranks, every rank exchanges over TCP. Must be equal on every rank. Formerly "
+                  "BRAID_HIER_ALLREDUCE_MIN, still read when this one is unset.");
 BRAID_SETTING_INT(kHierPiece, "BRAID_HIER_PIPELINE_BYTES", 4 << 20,
                   "Bytes per piece of a staged op across hosts (of each block, for allgather and "
                   "reduce_scatter): the pieces go through the stages one after another, the TCP "
