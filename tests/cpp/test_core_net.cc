@@ -291,12 +291,18 @@ void expectMismatch(int n, const OpDesc& good, const OpDesc& bad,
     } catch (const Error& e) {
       for (const auto& s : needles) EXPECT_NE(std::string(e.what()).find(s), std::string::npos) << "rank " << r << ": " << e.what() << " lacks " << s;
     }
-    // The group still works (a broadcast: the settings case keeps its
-    // differing BRAID_NET_ALLREDUCE_RING_MIN, which fails every allreduce).
-    std::vector<float> v(10, static_cast<float>(r + 1));
-    net::broadcast(c, desc(OpKind::kBroadcast, 10, DataType::kFloat32, n - 1), v.data());
-    for (float x : v) EXPECT_EQ(x, static_cast<float>(n));
+    // The group still works: a gather, which no setting shapes (the settings
+    // cases keep their differing settings, which fail every op they shape).
+    std::vector<float> v(10, static_cast<float>(r + 1)), all(10 * n, 0.0f);
+    std::vector<void*> rows(n);
+    for (int q = 0; q < n; ++q) rows[q] = all.data() + 10 * q;
+    net::gather(c, desc(OpKind::kGather, 10, DataType::kFloat32, n - 1), v.data(), rows.data());
+    if (r == n - 1) {
+      for (int q = 0; q < n; ++q) EXPECT_EQ(all[10 * q + 9], static_cast<float>(q + 1));
+    }
     if (!cfg) {
+      net::broadcast(c, desc(OpKind::kBroadcast, 10, DataType::kFloat32, n - 1), v.data());
+      for (float x : v) EXPECT_EQ(x, static_cast<float>(n));
       net::allreduce(c, desc(OpKind::kAllreduce, 10), v.data(), v.data());
       for (float x : v) EXPECT_EQ(x, static_cast<float>(n * n));
     }
@@ -333,6 +339,13 @@ TEST(NetErrors, HeaderMismatchesFailEveryRankAndKeepTheGroup) {
                  [](int r) {
                    NetConfig c;
                    if (r == 1) c.allreduceRingMin = 1024;
+                   return c;
+                 });
+  // the hierarchy's settings shape every op it stages, not only allreduce
+  expectMismatch(2, d(OpKind::kBroadcast, 8), d(OpKind::kBroadcast, 8),
+                 {"BRAID_HIER_MIN_BYTES=0", "BRAID_HIER_MIN_BYTES=65536"}, [](int r) {
+                   NetConfig c;
+                   c.hierMinBytes = r == 1 ? 0 : 65536;
                    return c;
                  });
   expectMismatch(2, d(OpKind::kAllreduce, 8), d(OpKind::kAllreduce, 8),

@@ -78,8 +78,8 @@ struct NetConfig {
   // Set by the hierarchy (hier/hier_group.cc, BRAID_HIER_MIN_BYTES):
   // travels in the header so that ranks which would split differently fail.
   uint64_t hierMinBytes = 0;
-  // BRAID_HIER_PIPELINE_BYTES (hier/allreduce.cc): the pieces the staged
-  // allreduce pipelines; 0: one piece.
+  // BRAID_HIER_PIPELINE_BYTES (hier/hier_group.cc): the pieces the staged
+  // ops pipeline (Note [Pipelined stages]); 0: one piece.
   uint64_t hierPieceBytes = 0;
   // Throws an Error naming "init" and `rank` when a value is invalid.
   static NetConfig fromEnv(int rank);
