@@ -212,27 +212,46 @@ FrameHeader frame(uint64_t seq, uint64_t total, uint64_t offset, uint32_t chunk,
   return h;
 }
 
+// A goodbye frame's header from rank 1 (Note [Saying why on the way out]).
+FrameHeader goodbye(uint32_t chunk, uint64_t seq = 0) {
+  FrameHeader h;
+  h.opcode = Opcode::kGoodbye;
+  h.source = 1;
+  h.chunk = chunk;
+  h.seq = seq;
+  return h;
+}
+
+// Rank 0 posts a 1 MiB receive (tag 3) and a small one (tag 4) from rank 1,
+// which sends the 1 MiB message's first frame header and `part` bytes of it.
+struct MidMessage {
+  MidMessage(FakeGroup& g, size_t part) {
+    r1 = g.real->irecv(1, 3, big.data(), big.size());
+    r2 = g.real->irecv(1, 4, small.data(), small.size());
+    g.fake->frame(frame(0, big.size(), 0, 65536));
+    std::vector<uint8_t> bytes(part, 7);
+    g.fake->write(bytes.data(), bytes.size());
+  }
+  std::vector<uint8_t> big = std::vector<uint8_t>(1 << 20), small = std::vector<uint8_t>(10);
+  std::shared_ptr<transport::Request> r1, r2;
+};
+
 TEST_F(TcpFaults, PeerThatClosesOrResetsMidMessageFailsEveryPendingOp) {
   for (bool reset : {false, true}) {
     SCOPED_TRACE(reset ? "reset" : "close");
     FakeGroup g(reset ? "reset" : "close");
-    std::vector<uint8_t> big(1 << 20), small(10);
-    auto r1 = g.real->irecv(1, 3, big.data(), big.size());
-    auto r2 = g.real->irecv(1, 4, small.data(), small.size());
-    g.fake->frame(frame(0, big.size(), 0, 65536));
-    std::vector<uint8_t> part(1000, 7);
-    g.fake->write(part.data(), part.size());
+    MidMessage m(g, 1000);
     g.fake->closeNow(reset);
-    for (auto& r : {r1, r2}) {
+    for (auto& r : {m.r1, m.r2}) {
       std::string e = waitError(r);
       EXPECT_HAS(e, "rank 1 at 127.0.0.1:9");
       EXPECT_EQ(e.find("TIMEOUT"), std::string::npos) << e;
     }
     if (!reset) {
-      EXPECT_HAS(waitError(r1), "in the middle of a message");
+      EXPECT_HAS(waitError(m.r1), "in the middle of a message");
     }
     // Later ops with that peer fail at once, naming it.
-    EXPECT_HAS(waitError(g.real->isend(1, 5, small.data(), small.size()), 1000), "rank 1 at");
+    EXPECT_HAS(waitError(g.real->isend(1, 5, m.small.data(), m.small.size()), 1000), "rank 1 at");
   }
 }
 
@@ -252,12 +271,9 @@ TEST_F(TcpFaults, BrokenFramesCloseTheConnectionNamingThePeer) {
       {"source", {[] { auto h = frame(0, 10, 0, 10); h.source = 0; return h; }()}, "claims source"},
       // Note [Saying why on the way out]: a goodbye fails the pair with its
       // reason, control bytes shown as '?'; a malformed one is a broken frame.
-      {"goodbye", {[] { FrameHeader h; h.opcode = Opcode::kGoodbye; h.source = 1; h.chunk = 0; return h; }()},
-       "it left (no reason given)"},
-      {"goodbye fields", {[] { FrameHeader h; h.opcode = Opcode::kGoodbye; h.source = 1; h.seq = 2; return h; }()},
-       "goodbye frame of 0 bytes with non-zero message fields"},
-      {"goodbye length", {[] { FrameHeader h; h.opcode = Opcode::kGoodbye; h.source = 1; h.chunk = kMaxGoodbyeBytes + 1; return h; }()},
-       "longer than 1024"},
+      {"goodbye", {goodbye(0)}, "it left (no reason given)"},
+      {"goodbye fields", {goodbye(0, 2)}, "goodbye frame of 0 bytes with non-zero message fields"},
+      {"goodbye length", {goodbye(kMaxGoodbyeBytes + 1)}, "longer than 1024"},
   };
   for (auto& c : cases) {
     SCOPED_TRACE(c.name);
@@ -291,20 +307,11 @@ TEST_F(TcpFaults, AbortFromAnotherThreadFailsPendingAndLaterOps) {
 
 TEST_F(TcpFaults, AGoodbyeMidStreamFailsThePairWithItsReason) {
   FakeGroup g("goodbye");
-  std::vector<uint8_t> big(1 << 20), small(10);
-  auto r1 = g.real->irecv(1, 3, big.data(), big.size());
-  auto r2 = g.real->irecv(1, 4, small.data(), small.size());
-  g.fake->frame(frame(0, big.size(), 0, 65536));
-  std::vector<uint8_t> part(65536, 7);
-  g.fake->write(part.data(), part.size());
+  MidMessage m(g, 65536);
   const std::string why = "braid allreduce (rank 1): lost rank 3 on host 'h1'\n";
-  FrameHeader bye;
-  bye.opcode = Opcode::kGoodbye;
-  bye.source = 1;
-  bye.chunk = static_cast<uint32_t>(why.size());
-  g.fake->frame(bye);
+  g.fake->frame(goodbye(static_cast<uint32_t>(why.size())));
   g.fake->write(why.data(), why.size());
-  for (auto& r : {r1, r2}) {
+  for (auto& r : {m.r1, m.r2}) {
     std::string e = waitError(r);
     EXPECT_HAS(e, "rank 1 at 127.0.0.1:9");
     EXPECT_HAS(e, "it left: braid allreduce (rank 1): lost rank 3 on host 'h1'?");
