@@ -122,7 +122,8 @@ std::string HierGroup::describe() const {
 }
 
 bool HierGroup::staged(const OpDesc& op) const {
-  if (!local_) return false;
+  // The kinds whose headers compare the thresholds (net::hierStages).
+  if (!local_ || !net::hierStages(op.kind)) return false;
   const uint64_t min = world_->config().hierMinBytes;
   switch (op.kind) {
     case OpKind::kAllreduce:  // every local rank gets a section of at least one element
@@ -130,11 +131,8 @@ bool HierGroup::staged(const OpDesc& op) const {
     case OpKind::kBroadcast:
     case OpKind::kReduce:
       return op.bytes() >= min;
-    case OpKind::kAllgather:
-    case OpKind::kReduceScatter:  // by the whole buffer, as the threshold's other ops
+    default:  // allgather, reduce_scatter: by the whole buffer, all ranks' blocks
       return op.bytes() * static_cast<uint64_t>(size()) >= min;
-    default:
-      return false;
   }
 }
 

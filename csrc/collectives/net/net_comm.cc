@@ -44,14 +44,12 @@ bool reduces(OpKind k) {
 // BRAID_NET_ALLREDUCE_RING_MIN.
 bool usesRingMin(OpKind k) { return reduces(k); }
 
-// The ops a hierarchy stages by BRAID_HIER_MIN_BYTES, in pieces of
-// BRAID_HIER_PIPELINE_BYTES (HierGroup::staged in hier/hier_group.cc).
-bool usesHierSettings(OpKind k) {
+}  // namespace
+
+bool hierStages(OpKind k) {
   return k == OpKind::kAllreduce || k == OpKind::kBroadcast || k == OpKind::kReduce ||
          k == OpKind::kAllgather || k == OpKind::kReduceScatter;
 }
-
-}  // namespace
 
 NetConfig NetConfig::fromEnv(int rank) {
   NetConfig c;
@@ -281,7 +279,7 @@ void NetComm::checkHeaders(const OpDesc& op, NetAlgo algo, const std::vector<uin
     if (usesRingMin(op.kind)) {
       sameSetting(p, "BRAID_NET_ALLREDUCE_RING_MIN", o->ringMin, h->ringMin);
     }
-    if (usesHierSettings(op.kind)) {
+    if (hierStages(op.kind)) {
       sameSetting(p, "BRAID_HIER_MIN_BYTES", o->hierMin, h->hierMin);
       sameSetting(p, "BRAID_HIER_PIPELINE_BYTES", o->hierPiece, h->hierPiece);
     }

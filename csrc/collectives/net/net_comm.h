@@ -85,6 +85,10 @@ struct NetConfig {
   static NetConfig fromEnv(int rank);
 };
 
+// The kinds a hierarchy may run in stages (hier/hier_group.cc), from
+// hierMinBytes in pieces of hierPieceBytes: their headers compare both.
+bool hierStages(OpKind k);
+
 // How an op moves its data. Values travel in headers.
 enum class NetAlgo : uint32_t {
   kHeaderOnly = 1,  // barrier, or a rank that failed its argument checks
