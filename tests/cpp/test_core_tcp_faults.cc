@@ -255,6 +255,39 @@ TEST_F(TcpFaults, PeerThatClosesOrResetsMidMessageFailsEveryPendingOp) {
   }
 }
 
+// Note [Messages that outlive their sender]: a peer sends and closes at once;
+// receives posted afterwards still get what it sent, in send order per tag,
+// and only a receive with nothing left fails, naming the peer.
+TEST_F(TcpFaults, MessagesThatArrivedBeforeThePeerClosedStillMeetTheirReceives) {
+  auto ts = connectGroup(2, [o = tcpOptions("outlive", 3)](int) { return o; });
+  const std::vector<size_t> sizes = {4, 0, 1, (64 << 10) + 1, (1 << 20) + 3, 7};
+  std::vector<uint8_t> none(8);
+  auto early = ts[1]->irecv(0, 99, none.data(), none.size());  // never sent
+  std::vector<std::vector<uint8_t>> out;
+  std::vector<std::shared_ptr<transport::Request>> sends;
+  for (size_t k = 0; k < sizes.size(); ++k) {
+    out.push_back(testing::patterned(0, 1, k % 3, sizes[k]));  // tags 0, 1, 2 twice each
+    sends.push_back(ts[0]->isend(1, k % 3, out[k].data(), sizes[k]));
+  }
+  for (auto& s : sends) s->wait(after(5000));
+  ts[0]->close();
+  std::string e = waitError(early);
+  EXPECT_HAS(e, "rank 0 at 127.0.0.1:");
+  EXPECT_HAS(e, "closed the connection");
+  EXPECT_EQ(e.find("TIMEOUT"), std::string::npos) << e;
+  // Tag 2 first, tag 0 last; within a tag, the first receive gets the first send.
+  for (int tag : {2, 1, 0}) {
+    for (size_t k : {size_t(tag), size_t(tag) + 3}) {
+      std::vector<uint8_t> in(sizes[k], 0xEE);
+      EXPECT_EQ(waitError(ts[1]->irecv(0, tag, in.data(), in.size()), 1000), "") << "message " << k;
+      EXPECT_TRUE(in == out[k]) << "message " << k << " of " << sizes[k] << " bytes";
+    }
+  }
+  std::vector<uint8_t> in(4);
+  EXPECT_HAS(waitError(ts[1]->irecv(0, 0, in.data(), in.size()), 1000), "closed the connection");
+  EXPECT_HAS(waitError(ts[1]->isend(0, 0, in.data(), in.size()), 1000), "closed the connection");
+}
+
 TEST_F(TcpFaults, BrokenFramesCloseTheConnectionNamingThePeer) {
   struct Case {
     const char* name;

@@ -53,7 +53,7 @@ void TcpTransport::settle(Pair& p) {
     ::close(c->fd);
     c->fd = -1;
   }
-  if (p.drained()) return failPair(p, "closed the connection");
+  if (p.drained()) return failPair(p, "closed the connection", /*keepArrived=*/true);
   refresh(p);
 }
 
@@ -79,7 +79,7 @@ void TcpTransport::closeConn(Conn* c) {
   }
 }
 
-void TcpTransport::failPair(Pair& p, const std::string& why) {
+void TcpTransport::failPair(Pair& p, const std::string& why, bool keepArrived) {
   if (p.failed) return;
   std::string text = strCat(peerName(p.peer), ": ", why);
   if (p.hasPending()) {
@@ -87,7 +87,7 @@ void TcpTransport::failPair(Pair& p, const std::string& why) {
   } else {
     BRAID_LOG(kInfo, "tcp", logRank_) << "lost " << text << " (nothing pending)";
   }
-  p.failAll(std::make_exception_ptr(PeerLostError(text)));
+  p.failAll(std::make_exception_ptr(PeerLostError(text)), keepArrived);
   for (auto& c : p.conns) {
     if (c) closeConn(c.get());
   }

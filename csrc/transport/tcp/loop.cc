@@ -118,6 +118,8 @@ void TcpTransport::adoptPosts() {
   for (auto& [post, req] : posts) {
     Pair& p = *pairs_[post.peer];
     if (tornDown_ || p.failed) {
+      // Note [Messages that outlive their sender]
+      if (!tornDown_ && post.recv && p.matchArrived(post.recv)) continue;
       failRequest(req, tornDown_ ? "the transport was aborted or closed" : what(p.failed));
       continue;
     }

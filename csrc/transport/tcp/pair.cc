@@ -60,6 +60,11 @@ void Pair::deliverLocal(const SendOp& s) {
 
 std::string Pair::addRecv(std::shared_ptr<RecvOp> r) {
   ++progress_;
+  if (!matchArrived(r)) posted_.push_back(std::move(r));
+  return retryStalled();
+}
+
+bool Pair::matchArrived(std::shared_ptr<RecvOp>& r) {
   for (auto it = unexpected_.begin(); it != unexpected_.end(); ++it) {
     InMsg& m = **it;
     if (m.tag != r->tag) continue;
@@ -73,10 +78,9 @@ std::string Pair::addRecv(std::shared_ptr<RecvOp> r) {
       adopt(m);
     }
     if (m.arrived == m.total) finish(m);
-    return retryStalled();
+    return true;
   }
-  posted_.push_back(std::move(r));
-  return retryStalled();
+  return false;
 }
 
 void Pair::match(InMsg& m) {
@@ -354,7 +358,7 @@ bool Pair::hasPending() const {
   return false;
 }
 
-void Pair::failAll(std::exception_ptr e) {
+void Pair::failAll(std::exception_ptr e, bool keepArrived) {
   if (!failed) failed = e;
   auto failReq = [&](const std::shared_ptr<Request>& req) {
     try {
@@ -371,12 +375,25 @@ void Pair::failAll(std::exception_ptr e) {
   }
   for (auto& r : posted_) failReq(r->req);
   posted_.clear();
-  for (auto& kv : msgs_) {
-    if (kv.second->recv && !kv.second->discard) failReq(kv.second->recv->req);
-    release(*kv.second);
+  // Note [Messages that outlive their sender]: whole unexpected messages stay.
+  auto whole = [&](const InMsg& m) {
+    return keepArrived && !m.recv && !m.discard && m.arrived == m.total;
+  };
+  for (auto it = msgs_.begin(); it != msgs_.end();) {
+    InMsg& m = *it->second;
+    if (whole(m)) {
+      ++it;
+      continue;
+    }
+    if (m.recv && !m.discard) failReq(m.recv->req);
+    release(m);
+    it = msgs_.erase(it);
   }
-  msgs_.clear();
-  unexpected_.clear();
+  std::deque<InMsg*> kept;
+  for (InMsg* m : unexpected_) {
+    if (msgs_.count(m->seq)) kept.push_back(m);
+  }
+  unexpected_.swap(kept);
 }
 
 }  // namespace tcp

@@ -117,7 +117,9 @@ class TcpTransport : public Transport {
   void onHandshake(Conn* c);
   void becomeReady(Conn* c);
   void onReadyEvent(Conn& c, uint32_t events);
-  void failPair(Pair& p, const std::string& why);
+  // With `keepArrived`, messages that arrived whole stay for their receives
+  // (Note [Messages that outlive their sender]).
+  void failPair(Pair& p, const std::string& why, bool keepArrived = false);
   void closeConn(Conn* c);
   void refresh(Conn& c);
   void refresh(Pair& p);
