@@ -5,7 +5,8 @@
 The helper itself: hostnames, /dev/shm per host, reachability, the tbf cap, teardown. Then
 jobs across hosts: gloo and braid (2 hosts x 2 ranks, 3 hosts x 1 rank) through a TCPStore on
 host 0, checked against closed forms and DDP's losses compared, and torchrun --nnodes=2 with the
-c10d rendezvous, with gloo and with braid. Needs root; skipped with the reason where namespaces
+c10d rendezvous, with gloo and with braid; ranks that finish first leave without failing the
+others' last ops. Needs root; skipped with the reason where namespaces
 cannot be made. The full matrix of braid's collectives against gloo's across hosts is
 test_hosts_collectives.py.
 """
@@ -29,6 +30,7 @@ pytestmark = pytest.mark.skipif(bool(hosts_mod.unavailable()),
                                 reason=str(hosts_mod.unavailable()))
 
 RANK_SCRIPT = os.path.join(H.REPO, "tests", "python", "scripts", "hosts_rank.py")
+LEAVE_SCRIPT = os.path.join(H.REPO, "tests", "python", "scripts", "hosts_leave_rank.py")
 TORCHRUN_SCRIPT = os.path.join(H.REPO, "tests", "python", "scripts", "torchrun_allreduce.py")
 JOB_TIMEOUT_S = 120
 PORT = 29500  # free: nothing else listens in a run's own namespaces
@@ -151,13 +153,14 @@ def test_teardown_kills_and_removes_everything_and_is_idempotent():
 
 
 # ---- jobs across hosts ----------------------------------------------------------------------
-def run_ranks(hosts, world, backends):
-    """Rank r on host r * N // world (as benchmarks/collectives.py --hosts); their JSON lines."""
+def run_ranks(hosts, world, args, script=RANK_SCRIPT):
+    """`script` RANK WORLD STORE_ADDR PORT *args, rank r on host r * N // world (as
+    benchmarks/collectives.py --hosts); their JSON lines."""
     env = dict(os.environ, OMP_NUM_THREADS="1",
                PYTHONPATH=H.PYTHON_DIR + os.pathsep + os.environ.get("PYTHONPATH", ""))
     procs = [subprocess.Popen(hosts.cmd(r * hosts.n // world, [
-        sys.executable, RANK_SCRIPT, str(r), str(world), hosts.addr(0), str(PORT),
-        ",".join(backends)]), env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+        sys.executable, script, str(r), str(world), hosts.addr(0), str(PORT), *args]),
+        env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
         text=True) for r in range(world)]
     deadline = time.monotonic() + JOB_TIMEOUT_S
     outs = []
@@ -178,7 +181,7 @@ def test_gloo_and_braid_across_hosts(nhosts, per_host):
     world = nhosts * per_host
     backends = ["gloo", "braid"] if H.BACKEND == "braid" else ["gloo"]
     h = hosts_mod.Hosts(nhosts)
-    outs = run_ranks(h, world, backends)
+    outs = run_ranks(h, world, [",".join(backends)])
     assert hosts_mod.leftovers(h.prefix) == []
     assert [o["host"] for o in outs] == [f"braid-h{r * nhosts // world}" for r in range(world)]
     for o in outs:
@@ -190,6 +193,21 @@ def test_gloo_and_braid_across_hosts(nhosts, per_host):
         assert len(o["losses"]["braid"]) == len(o["losses"]["gloo"]) == 5, o["losses"]
         for got, want in zip(o["losses"]["braid"], o["losses"]["gloo"]):
             assert abs(got - want) <= 1e-5 * max(1.0, abs(want)), o["losses"]
+
+
+@pytest.mark.braid_only
+@pytest.mark.parametrize("nhosts,per_host", [(2, 1), (2, 2)], ids=["2x1", "2x2"])
+def test_ranks_that_finish_first_leave_without_failing_the_others(nhosts, per_host):
+    """Note [Leaving quietly] and Note [Messages that outlive their sender]: 12 rounds of a
+    group that runs 30 small collectives and is destroyed at once. A rank that finished must
+    not take its last messages with it: before, 1 round in 7 failed a slower rank's last op
+    ("closed the connection", "it left: the group was shut down")."""
+    world = nhosts * per_host
+    h = hosts_mod.Hosts(nhosts)
+    outs = run_ranks(h, world, ["12", "30"], script=LEAVE_SCRIPT)
+    assert hosts_mod.leftovers(h.prefix) == []
+    for o in outs:
+        assert o["error"] is None and o["rounds"] == 12, o
 
 
 @pytest.mark.skipif(bool(H.torchrun_unusable()), reason=str(H.torchrun_unusable()))
