@@ -170,7 +170,8 @@ void Engine::drain() {
 // peer's last op ("it left: the group was shut down", 4 runs in 30 of two
 // hosts ending 50 small allreduces). So an idle group is only closed: its
 // sockets end cleanly, the peers take what was sent, and a peer that still
-// waits for more fails at once, naming this rank ("closed the connection").
+// waits for more fails at once, naming this rank ("closed its connections
+// (it left: ...)").
 void Engine::shutdown() {
   Queue& q = *q_;
   std::deque<Job> dropped;

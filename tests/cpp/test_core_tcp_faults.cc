@@ -106,8 +106,9 @@ TEST_F(TcpFaults, AnAcceptorThatLosesAPeerFirstStillSaysWhatItRefused) {
   EXPECT_HAS(errors[2], "failed authentication");
   EXPECT_HAS(errors[0], "timed out");
   EXPECT_HAS(errors[1], "rank 0 at 127.0.0.1:");
-  EXPECT_HAS(errors[1], "closed the connection; tcp accept (rank 1): refused a connection from "
-                        "127.0.0.1:");
+  EXPECT_HAS(errors[1],
+             "closed its connections (it left: destroyed the group, exited or gave up); "
+             "tcp accept (rank 1): refused a connection from 127.0.0.1:");
   EXPECT_HAS(errors[1], "(claiming rank 2): closed the connection after this rank's challenge");
 }
 
@@ -273,7 +274,7 @@ TEST_F(TcpFaults, MessagesThatArrivedBeforeThePeerClosedStillMeetTheirReceives) 
   ts[0]->close();
   std::string e = waitError(early);
   EXPECT_HAS(e, "rank 0 at 127.0.0.1:");
-  EXPECT_HAS(e, "closed the connection");
+  EXPECT_HAS(e, "closed its connections (it left");
   EXPECT_EQ(e.find("TIMEOUT"), std::string::npos) << e;
   // Tag 2 first, tag 0 last; within a tag, the first receive gets the first send.
   for (int tag : {2, 1, 0}) {
@@ -284,8 +285,10 @@ TEST_F(TcpFaults, MessagesThatArrivedBeforeThePeerClosedStillMeetTheirReceives) 
     }
   }
   std::vector<uint8_t> in(4);
-  EXPECT_HAS(waitError(ts[1]->irecv(0, 0, in.data(), in.size()), 1000), "closed the connection");
-  EXPECT_HAS(waitError(ts[1]->isend(0, 0, in.data(), in.size()), 1000), "closed the connection");
+  EXPECT_HAS(waitError(ts[1]->irecv(0, 0, in.data(), in.size()), 1000),
+             "closed its connections (it left");
+  EXPECT_HAS(waitError(ts[1]->isend(0, 0, in.data(), in.size()), 1000),
+             "closed its connections (it left");
 }
 
 TEST_F(TcpFaults, BrokenFramesCloseTheConnectionNamingThePeer) {

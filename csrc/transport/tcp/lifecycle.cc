@@ -53,7 +53,10 @@ void TcpTransport::settle(Pair& p) {
     ::close(c->fd);
     c->fd = -1;
   }
-  if (p.drained()) return failPair(p, "closed the connection", /*keepArrived=*/true);
+  if (p.drained()) {
+    return failPair(p, "closed its connections (it left: destroyed the group, exited or gave up)",
+                    /*keepArrived=*/true);
+  }
   refresh(p);
 }
 

@@ -95,7 +95,7 @@ void TcpTransport::waitConnected(Clock::time_point deadline) {
   bool done = cv_.wait_until(lock, deadline, [&] { return connected_ || !connectError_.empty(); });
   // The connections this rank refused go with either failure: when ranks of
   // two hosts have different secrets, an acceptor's own failure is often a
-  // peer of its host that gave up first ("closed the connection"), and the
+  // peer of its host that gave up first ("closed its connections"), and the
   // refusals are what says why.
   std::string refused;
   for (const auto& r : rejections_) refused += "; " + r;
