@@ -60,17 +60,12 @@ def main():
             done += 1
     except Exception as e:  # noqa: BLE001  reported, not raised
         error = f"{type(e).__name__}: {e}"
-    # Rank 0's store must outlive every rank's last use of it.
-    store.add("finished", 1)
-    if rank == 0:
-        while int(store.add("finished", 0)) < n:
-            time.sleep(0.01)
-        store.set("all-finished", "1")
+    # Rank 0's store must outlive every rank's last use of it: the others' add.
+    if rank:
+        store.add("left", 1)
+    else:
         while int(store.add("left", 0)) < n - 1:
             time.sleep(0.01)
-    else:
-        store.wait(["all-finished"], timeout)
-        store.add("left", 1)
     print(json.dumps({"rank": rank, "rounds": done, "error": error}), flush=True)
     os._exit(0)  # a failed round's group must not hang the exit
 
