@@ -200,8 +200,8 @@ def test_gloo_and_braid_across_hosts(nhosts, per_host):
 def test_ranks_that_finish_first_leave_without_failing_the_others(nhosts, per_host):
     """Note [Leaving quietly] and Note [Messages that outlive their sender]: 12 rounds of a
     group that runs 30 small collectives and is destroyed at once. A rank that finished must
-    not take its last messages with it: before, 1 round in 7 failed a slower rank's last op
-    ("closed the connection", "it left: the group was shut down")."""
+    not take its last messages with it: before, a slower rank's last op failed ("closed the
+    connection", "it left: the group was shut down") in 5 of this test's 6 cases over 3 runs."""
     world = nhosts * per_host
     h = hosts_mod.Hosts(nhosts)
     outs = run_ranks(h, world, ["12", "30"], script=LEAVE_SCRIPT)
