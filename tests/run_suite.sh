@@ -9,11 +9,12 @@ repo=$(cd "$(dirname "$0")/.." && pwd)
 cd "$repo"
 PY=/usr/bin/python3
 tier=${BRAID_TEST_TIER:-fast}
+# setup.sh first: on a fresh machine it is what installs torch.
+echo "=== build" >&2
+"$repo/tools/setup.sh"
 torch_version=$($PY -c 'import torch; print(torch.__version__.split("+")[0])')
 pyver=$($PY -c 'import sys; print(f"{sys.version_info.major}{sys.version_info.minor}")')
 build="$repo/build/py$pyver-torch$torch_version"
-echo "=== torch $torch_version: build" >&2
-"$repo/tools/setup.sh"
 
 echo "=== torch $torch_version: C++ tests" >&2
 cmake --build "$build" -j "$(nproc)" >/dev/null
