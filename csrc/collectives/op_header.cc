@@ -18,7 +18,11 @@ void fillOpHeader(OpHeader* h, uint32_t magic, const OpDesc& op, uint64_t seq) {
   h->root = op.root;
   h->failed = op.localError.empty() ? 0 : 1;
   h->count = op.count;
-  h->shape = op.shape;
+  // Field by field: a struct copy would carry the padding after ndim, stack
+  // bytes of the caller's, onto the wire.
+  std::memset(static_cast<void*>(&h->shape), 0, sizeof h->shape);
+  h->shape.ndim = op.shape.ndim;
+  std::memcpy(h->shape.dims, op.shape.dims, sizeof h->shape.dims);
   const size_t n = std::min(op.localError.size(), kOpMessageBytes - 1);
   std::memcpy(h->message, op.localError.data(), n);
   h->message[n] = '\0';

@@ -94,6 +94,9 @@ TEST(Hier, AllreduceTwoHostsTwoRanksEach) { checkAllreduce({0, 0, 1, 1}, kCounts
 TEST(Hier, AllreduceInterleavedRanks) { checkAllreduce({0, 1, 0, 1}, kCounts); }
 TEST(Hier, AllreduceThreeHostsOneRankEach) { checkAllreduce({0, 1, 2}, {0, 1, 1001, 100003}); }
 TEST(Hier, AllreduceUnevenHosts) { checkAllreduce({0, 0, 1}, {0, 1, 1001, 100003}); }
+// Below the threshold on three hosts: the host sums ride on the header
+// exchange (Note [Small allreduce across hosts]).
+TEST(Hier, AllreduceSmallThreeHostsTwoRanksEach) { checkAllreduce({0, 1, 2, 0, 1, 2}, {0, 1, 7, 1001}); }
 
 // Every size through the staged path: sections of one element, short last
 // sections and empty ones.
@@ -369,6 +372,45 @@ TEST(Hier, MismatchAcrossHostsFailsEveryRankAndKeepsTheGroup) {
       EXPECT_NE(std::string(e.what()).find("200001"), std::string::npos) << e.what();
     }
     std::vector<float> a(300000, static_cast<float>(r + 1)), b(300000);
+    g.allreduce(desc(OpKind::kAllreduce, a.size(), DataType::kFloat32), a.data(), b.data());
+    EXPECT_EQ(b[0], 10.0f);
+    EXPECT_EQ(b.back(), 10.0f);
+  });
+}
+
+// Host mates that disagree fail every rank, on both hosts, with both values,
+// before any data moves, and the group stays usable: a small allreduce (no
+// host sums are made, Note [Small allreduce across hosts]), a staged one, a
+// broadcast's root, and a barrier against an allreduce.
+TEST(Hier, MismatchWithinAHostFailsEveryRankAndKeepsTheGroup) {
+  HierFixture f({0, 0, 1, 1});
+  runRanks(4, [&](int r) {
+    Group& g = *f.groups[r];
+    auto fails = [&](const char* what, auto&& op, const char* a, const char* b) {
+      try {
+        op();
+        ADD_FAILURE() << what << ", rank " << r << ": no error";
+      } catch (const Error& e) {
+        EXPECT_NE(std::string(e.what()).find(a), std::string::npos) << what << ": " << e.what();
+        EXPECT_NE(std::string(e.what()).find(b), std::string::npos) << what << ": " << e.what();
+      }
+    };
+    for (size_t base : {size_t(70), size_t(100000)}) {
+      const size_t count = r == 1 ? base + 1 : base;  // rank 1 passes another count
+      std::vector<float> in(count, 1.0f), out(count);
+      fails("allreduce", [&] {
+        g.allreduce(desc(OpKind::kAllreduce, count, DataType::kFloat32), in.data(), out.data());
+      }, std::to_string(base).c_str(), std::to_string(base + 1).c_str());
+    }
+    std::vector<int32_t> buf(10, r);
+    fails("broadcast", [&] {
+      g.broadcast(desc(OpKind::kBroadcast, buf.size(), DataType::kInt32, r == 3 ? 2 : 0), buf.data());
+    }, "root", "rank");
+    fails("barrier", [&] {
+      if (r == 2) return g.barrier(desc(OpKind::kBarrier, 0));
+      g.allreduce(desc(OpKind::kAllreduce, buf.size(), DataType::kInt32), buf.data(), buf.data());
+    }, "barrier", "allreduce");
+    std::vector<float> a(100, static_cast<float>(r + 1)), b(100);
     g.allreduce(desc(OpKind::kAllreduce, a.size(), DataType::kFloat32), a.data(), b.data());
     EXPECT_EQ(b[0], 10.0f);
     EXPECT_EQ(b.back(), 10.0f);

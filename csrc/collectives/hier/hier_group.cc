@@ -100,6 +100,7 @@ HierGroup::HierGroup(transport::Store& store, const transport::Topology& topo,
       transport::shm::WindowOptions w;
       w.controlBytes = collectives::Communicator::controlBytesFor(L);
       w.timeout = opts.timeout;
+      for (int r : topo.ranksOn(h)) w.peerNames.push_back(label(topo, r));
       local_ = std::make_unique<ShmGroup>(transport::shm::ShmWindow::create(shmStore, l, L, w));
     });
     sub("TCP group across hosts", peers, h, [&] {
@@ -108,6 +109,7 @@ HierGroup::HierGroup(transport::Store& store, const transport::Topology& topo,
                                         tcpOptions(topo, opts, strCat("cross", l), peers));
     });
     cross_ = std::make_unique<net::NetComm>(*crossT_, cfg);
+    world_->setRelay(this);  // Note [Op headers across hosts]
   } else if (L > 1) {
     BRAID_LOG(kInfo, "init", rank) << "hosts run different numbers of ranks (" << topo.describe()
                                    << "): every op runs over TCP between all ranks";
@@ -141,7 +143,10 @@ std::string HierGroup::stageHead(const char* op, int n, const std::string& where
 }
 
 void HierGroup::allreduce(const OpDesc& op, const void* in, void* out) {
-  if (!staged(op)) return net::allreduce(*world_, op, in, out);
+  if (!staged(op)) {
+    if (local_) return allreduceSmall(op, in, out);
+    return net::allreduce(*world_, op, in, out);
+  }
   world_->begin(op, net::NetAlgo::kHier);
   allreduceStages(op, in, out);
 }

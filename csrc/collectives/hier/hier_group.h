@@ -68,7 +68,7 @@ struct HierOptions {
   std::chrono::milliseconds timeout{300000};
 };
 
-class HierGroup : public Group {
+class HierGroup : public Group, private net::HeaderRelay {
  public:
   // Collective over the group's ranks: connects the world, local and cross
   // groups (Note [Collectives across hosts]). Throws naming "init" and the rank.
@@ -98,6 +98,14 @@ class HierGroup : public Group {
  struct Piece;  // hier/allreduce.cc
 
  private:
+  struct Rider;  // hier/relay.cc
+  // The world's header exchange within and across hosts (Note [Op headers
+  // across hosts], hier/relay.cc); set when the group has local and cross groups.
+  void relay(const OpDesc& op, uint8_t* all, size_t hb) override;
+  void relaySteps(const OpDesc& op, uint8_t* all, size_t hb);
+  std::string relayHead(const OpDesc& op, const std::string& where) const;
+  // Note [Small allreduce across hosts] (hier/relay.cc).
+  void allreduceSmall(const OpDesc& op, const void* in, void* out);
   // Whether op runs in stages (Note [Collectives across hosts]).
   bool staged(const OpDesc& op) const;
   void allreduceStages(const OpDesc& op, const void* in, void* out);  // hier/allreduce.cc
@@ -119,6 +127,7 @@ class HierGroup : public Group {
   // reduce and reduce-scatter), kept between ops: a fresh zeroed buffer cost a
   // memset and a page fault per 4 KiB of every op (ops run one at a time).
   std::vector<uint8_t> staging_;
+  Rider* rider_ = nullptr;  // a small allreduce, during its header exchange
 };
 
 }  // namespace collectives

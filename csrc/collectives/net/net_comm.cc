@@ -67,6 +67,7 @@ const char* netAlgoName(NetAlgo a) {
     case NetAlgo::kTree: return "tree";
     case NetAlgo::kPairwise: return "pairwise";
     case NetAlgo::kHier: return "hierarchical";
+    case NetAlgo::kHierDirect: return "hierarchical direct";
   }
   return "unknown";
 }
@@ -129,6 +130,10 @@ void NetComm::fail(const Pending& p, const char* kind, const std::string& text, 
     msg = errorText(opName_, rank_, "op #", opSeq_, " ", kind, " ", t_.peerName(p.peer), ": ",
                     text);
   }
+  abandon(msg, timeout, lost);
+}
+
+void NetComm::abandon(const std::string& msg, bool timeout, bool lost) {
   markBroken(msg);
   // The peers fail fast (they see this rank leave) and our requests end, so
   // the caller's buffers are ours again before we throw.
@@ -225,9 +230,52 @@ void NetComm::exchangeHeaders(const OpDesc& op, NetAlgo algo, const void* eager)
       sizes(rank_)[n + j] = op.recvBytes[j];
     }
   }
-  for (int p = 0; p < n; ++p) {
-    if (p != rank_) recv(p, 0, at(p), hb);
+  if (relay_) {
+    relayHeaders(op, all.data(), hb, eager);
+  } else {
+    allToAllHeaders(all.data(), hb, eager, op.bytes());
   }
+  try {
+    checkHeaders(op, all.data(), hb);
+  } catch (const Error&) {
+    consumeEager(all, hb);
+    throw;
+  }
+}
+
+void NetComm::relayHeaders(const OpDesc& op, uint8_t* all, size_t hb, const void* eager) {
+  if (eager) {
+    for (int p = 0; p < size_; ++p) {
+      if (p != rank_) send(p, 1, eager, op.bytes());
+    }
+  }
+  try {
+    relay_->relay(op, all, hb);
+  } catch (const TimeoutError& e) {
+    abandon(e.what(), true, false);
+  } catch (const PeerLostError& e) {
+    abandon(e.what(), false, true);
+  } catch (const Error& e) {
+    abandon(e.what(), false, false);
+  }
+}
+
+bool NetComm::agree(const OpDesc& op, const uint8_t* all, size_t hb,
+                    const std::vector<int>& ranks) {
+  try {
+    checkHeaders(op, all, hb, &ranks);
+    return true;
+  } catch (const Error&) {
+    return false;  // every rank checks all headers next, and says why
+  }
+}
+
+void NetComm::allToAllHeaders(uint8_t* all, size_t hb, const void* eager, size_t eagerBytes) {
+  const int n = size_;
+  for (int p = 0; p < n; ++p) {
+    if (p != rank_) recv(p, 0, all + p * hb, hb);
+  }
+  const uint8_t* h = all + rank_ * hb;
   // Each peer's header, then at once its eager data: back to back, the two
   // usually reach the peer in one wake-up of its progress thread (all the
   // headers first cost it about one more per peer).
@@ -236,33 +284,31 @@ void NetComm::exchangeHeaders(const OpDesc& op, NetAlgo algo, const void* eager)
     if (p == rank_) continue;
     headerOps.push_back(posted());
     send(p, 0, h, hb);
-    if (eager) send(p, 1, eager, op.bytes());
+    if (eager) send(p, 1, eager, eagerBytes);
   }
   for (size_t i = 0; i < size_t(n - 1); ++i) waitPosted(i);  // the header receives
   for (size_t i : headerOps) waitPosted(i);
   if (!eager) pending_.clear();
-  try {
-    checkHeaders(op, algo, all, hb);
-  } catch (const Error&) {
-    consumeEager(all, hb);
-    throw;
-  }
 }
 
-void NetComm::checkHeaders(const OpDesc& op, NetAlgo algo, const std::vector<uint8_t>& all,
-                           size_t hb) {
+void NetComm::checkHeaders(const OpDesc& op, const uint8_t* all, size_t hb,
+                           const std::vector<int>* only) {
   const int n = size_;
-  auto at = [&](int r) { return reinterpret_cast<const NetHeader*>(all.data() + r * hb); };
-  auto sizes = [&](int r) {
-    return reinterpret_cast<const uint64_t*>(all.data() + r * hb + sizeof(NetHeader));
-  };
+  auto at = [&](int r) { return reinterpret_cast<const NetHeader*>(all + r * hb); };
+  auto sizes = [&](int r) { return reinterpret_cast<const uint64_t*>(all + r * hb + sizeof(NetHeader)); };
+  std::vector<int> everyone;
+  if (!only) {
+    for (int p = 0; p < n; ++p) everyone.push_back(p);
+  }
+  const std::vector<int>& ranks = only ? *only : everyone;
   const NetHeader* h = at(rank_);
+  const NetAlgo algo = static_cast<NetAlgo>(h->algo);
   // Note [Op headers]: every rank checks in the same order, so every rank
   // fails when any header differs from its own.
   const char* me = opName_;
   if (h->op.failed) throw Error(op.localError);
   // Failures first, so that a rank's argument error is what every rank reports.
-  for (int p = 0; p < n; ++p) {
+  for (int p : ranks) {
     const OpHeader& o = at(p)->op;
     if (o.failed || o.magic != kNetMagic) checkOpHeader(me, rank_, p, o, h->op);
   }
@@ -273,7 +319,7 @@ void NetComm::checkHeaders(const OpDesc& op, NetAlgo algo, const std::vector<uin
                 ", this rank with ", name, "=", mine,
                 " (settings that shape an op must be equal on every rank)");
   };
-  for (int p = 0; p < n; ++p) {
+  for (int p : ranks) {
     const NetHeader* o = at(p);
     checkOpHeader(me, rank_, p, o->op, h->op);
     if (usesRingMin(op.kind)) {
@@ -289,7 +335,7 @@ void NetComm::checkHeaders(const OpDesc& op, NetAlgo algo, const std::vector<uin
                   netAlgoName(algo), " path");
     }
   }
-  if (op.kind == OpKind::kAlltoall) {
+  if (op.kind == OpKind::kAlltoall && !only) {
     for (int i = 0; i < n; ++i) {
       for (int j = 0; j < n; ++j) {
         uint64_t sends = sizes(i)[j], expects = sizes(j)[n + i];

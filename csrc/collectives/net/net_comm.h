@@ -97,8 +97,22 @@ enum class NetAlgo : uint32_t {
   kTree,            // binomial tree
   kPairwise,        // alltoall
   kHier,            // the header here, the data by the hierarchy's stages
+  kHierDirect,      // a small allreduce riding on the hierarchy's header exchange
 };
 const char* netAlgoName(NetAlgo a);
+
+// Carries a NetComm's header exchange another way than all-to-all over its
+// transport: a group across hosts gathers the headers within each host and
+// exchanges them between hosts (Note [Op headers across hosts] in
+// hier/relay.cc). The check after it is the NetComm's, unchanged.
+class HeaderRelay {
+ public:
+  virtual ~HeaderRelay() = default;
+  // `all` holds size() headers of `hb` bytes in rank order, this rank's
+  // filled in: fills every other rank's, by op's deadline. Throws a braid
+  // Error; the NetComm then breaks the group, as for a lost peer.
+  virtual void relay(const OpDesc& op, uint8_t* all, size_t hb) = 0;
+};
 
 class NetComm {
  public:
@@ -120,6 +134,15 @@ class NetComm {
   // right behind the header, without waiting for the check (Note [Eager
   // data]); the caller then posts the step-1 receives and wait()s.
   void beginEager(const OpDesc& op, NetAlgo algo, const void* eager);
+  // Numbers an op whose agreement is checked elsewhere and posts nothing: a
+  // HeaderRelay's own messages (Note [Op headers across hosts]).
+  void beginUnchecked(const OpDesc& op) { start(op); }
+  // From now on headers travel through `r` (not owned; null: all-to-all).
+  void setRelay(HeaderRelay* r) { relay_ = r; }
+  // Whether the headers of `ranks` in `all` (as HeaderRelay::relay's) pass
+  // the check against this rank's, op's: the ranks run the same op, and it
+  // passes the whole check unless a rank outside `ranks` differs.
+  bool agree(const OpDesc& op, const uint8_t* all, size_t hb, const std::vector<int>& ranks);
 
   // Posts step `step` of the current op; wait() waits for everything posted.
   // Messages of 0 bytes are not sent: both ends skip them (sizes are agreed).
@@ -148,9 +171,16 @@ class NetComm {
   uint64_t tag(uint32_t step) const { return (opSeq_ << 24) | step; }
   [[noreturn]] void fail(const Pending& p, const char* kind, const std::string& text,
                          bool timeout, bool lost);
+  // Breaks the group with `msg`, aborts the transport, waits out the pending
+  // requests and throws msg as a timeout, a lost peer or an Error.
+  [[noreturn]] void abandon(const std::string& msg, bool timeout, bool lost);
+  void relayHeaders(const OpDesc& op, uint8_t* all, size_t hb, const void* eager);
+  void allToAllHeaders(uint8_t* all, size_t hb, const void* eager, size_t eagerBytes);
   void exchangeHeaders(const OpDesc& op, NetAlgo algo, const void* eager);
-  void checkHeaders(const OpDesc& op, NetAlgo algo, const std::vector<uint8_t>& headers,
-                    size_t headerBytes);
+  // Throws at the first difference (Note [Collectives over messages]);
+  // `only`: compares those ranks' headers alone (agree()).
+  void checkHeaders(const OpDesc& op, const uint8_t* headers, size_t headerBytes,
+                    const std::vector<int>* only = nullptr);
   void start(const OpDesc& op);
   void checkedExchange(const OpDesc& op, NetAlgo algo, const void* eager);
   // After a failed check: takes the eager data that peers announced (so the
@@ -168,6 +198,7 @@ class NetComm {
   std::vector<Pending> pending_;
   std::vector<uint8_t> scratch_, workspace_;
   std::string broken_;
+  HeaderRelay* relay_ = nullptr;
 };
 
 }  // namespace net

@@ -133,6 +133,7 @@ std::unique_ptr<ShmWindow> ShmWindow::create(Store& store, int rank, int size,
   int64_t spinUs = opts.spinUs >= 0 ? opts.spinUs : kSpinUs.get();
   BRAID_ENFORCE(spinUs >= 0, "init", rank, "BRAID_SHM_SPIN_US must be >= 0, got ", spinUs);
   w->spin_ = std::chrono::microseconds(spinUs);
+  w->names_ = opts.peerNames;
   // Note [Spin, then sleep]: with more ranks than cores a long spin cannot make a rank faster
   // (the kernel preempts the spinner for the peer it waits for) but takes the core from every
   // other thread there (benchmarks/concurrency.py, 4 ranks on 2 cores, 100000 us: gloo beside it
@@ -265,17 +266,17 @@ bool ShmWindow::peerGone(int peer, std::string* why) {
   RankHeader* h = header(peer);
   if (h->gaveUp.load(std::memory_order_acquire)) {
     if (why) {
-      *why = strCat("rank ", peer, " gave up on the group after an error: ",
+      *why = strCat(who(peer), " gave up on the group after an error: ",
                     std::string(h->why, strnlen(h->why, kWhyBytes)));
     }
     return true;
   }
   if (h->closed.load(std::memory_order_acquire)) {
-    if (why) *why = strCat("rank ", peer, " left the group (destroyed it or exited)");
+    if (why) *why = strCat(who(peer), " left the group (destroyed it or exited)");
     return true;
   }
   if (h->pid != getpid() && processGone(h->pid)) {
-    if (why) *why = strCat("rank ", peer, " (pid ", h->pid, ") exited");
+    if (why) *why = strCat(who(peer), " (pid ", h->pid, ") exited");
     return true;
   }
   return false;
@@ -287,7 +288,7 @@ void ShmWindow::wait(int peer, uint64_t step, const WaitContext& ctx) {
   for (;;) {
     if (aborted_.load(std::memory_order_relaxed)) {
       BRAID_THROW(PeerLostError, ctx.op, rank_, "the group was shut down while op #", ctx.opSeq,
-                  " waited for rank ", peer);
+                  " waited for ", who(peer));
     }
     auto now = Clock::now();
     auto left = std::chrono::duration_cast<std::chrono::microseconds>(ctx.deadline - now);
@@ -319,8 +320,18 @@ void ShmWindow::waitAll(uint64_t step, const WaitContext& ctx) {
 }
 
 void ShmWindow::failWait(const std::vector<int>& missing, uint64_t step, const WaitContext& ctx) {
+  if (names_.empty()) {
+    BRAID_THROW(TimeoutError, ctx.op, rank_, "Timed out after ", ctx.timeout.count(),
+                " ms waiting for rank(s) ", rankList(missing), " (op #", ctx.opSeq, ")");
+  }
+  std::string list;
+  for (size_t i = 0; i < missing.size(); ++i) list += strCat(i ? ", " : "", who(missing[i]));
   BRAID_THROW(TimeoutError, ctx.op, rank_, "Timed out after ", ctx.timeout.count(),
-              " ms waiting for rank(s) ", rankList(missing), " (op #", ctx.opSeq, ")");
+              " ms waiting for ", list, " (op #", ctx.opSeq, ")");
+}
+
+std::string ShmWindow::who(int r) const {
+  return r < static_cast<int>(names_.size()) ? names_[r] : strCat("rank ", r);
 }
 
 ByteChannel& ShmWindow::to(int peer) { return *to_.at(peer); }
@@ -351,15 +362,15 @@ void ShmWindow::readPeer(int peer, uint64_t remoteAddr, void* dst, size_t bytes,
     // the op (its op failed because of another rank, or it shut down) and
     // freed the buffer. Either way the ranks are out of step: a lost peer.
     if (e == ESRCH) {
-      BRAID_THROW(PeerLostError, ctx.op, rank_, "rank ", peer, " (pid ", pids_[peer],
+      BRAID_THROW(PeerLostError, ctx.op, rank_, who(peer), " (pid ", pids_[peer],
                   ") exited while this rank read its memory in op #", ctx.opSeq);
     }
     if (e == EFAULT) {
-      BRAID_THROW(PeerLostError, ctx.op, rank_, "rank ", peer, " left op #", ctx.opSeq,
+      BRAID_THROW(PeerLostError, ctx.op, rank_, who(peer), " left op #", ctx.opSeq,
                   " while this rank read its memory (it no longer maps the buffer it shared: "
                   "its op failed or its group was shut down)");
     }
-    BRAID_THROW(Error, ctx.op, rank_, "reading ", bytes, " bytes of rank ", peer,
+    BRAID_THROW(Error, ctx.op, rank_, "reading ", bytes, " bytes of ", who(peer),
                 "'s memory failed: ", std::strerror(e), " (set BRAID_SHM_CMA=0 to avoid direct reads)");
   }
 }

@@ -25,6 +25,9 @@ struct WindowOptions {
   std::chrono::milliseconds timeout{300000};  // for the rendezvous through the store
   int64_t spinUs = -1;      // -1: BRAID_SHM_SPIN_US
   int useCma = -1;          // -1: BRAID_SHM_CMA; 0 or 1 override it
+  // How errors name each rank ("rank 3 on host 'b'", for a host's group
+  // inside a group across hosts); empty: "rank <its rank here>".
+  std::vector<std::string> peerNames;
 };
 
 class RingChannel;
@@ -67,6 +70,7 @@ class ShmWindow : public Window {
   void wakeWaitersOnMe();
   [[noreturn]] void failWait(const std::vector<int>& missing, uint64_t step,
                              const WaitContext& ctx);
+  std::string who(int r) const;  // WindowOptions::peerNames
 
   const int rank_;
   const int size_;
@@ -81,6 +85,7 @@ class ShmWindow : public Window {
   std::chrono::nanoseconds spin_{0};  // Note [Spin, then sleep]; fixed when the group is made
   bool canReadPeers_ = false;
   std::vector<int> pids_;
+  std::vector<std::string> names_;
   std::unique_ptr<uint64_t> probe_;  // read by peers to test direct reads
 };
 

@@ -1,0 +1,186 @@
+// The world's op headers, gathered within each host and exchanged between
+// hosts; and the small allreduce that rides on that exchange.
+//
+// Note [Op headers across hosts]
+// Every op of a group across hosts starts with the world's header check (Note
+// [Collectives over messages]): every rank compares every rank's header with
+// its own. Sent all-to-all over TCP, that costs n(n-1) messages per op, host
+// mates included (12 at 2 hosts x 2 ranks, 4032 at 8 x 8), and each rank's
+// progress thread wakes for n-1 of them. When every host runs the same number
+// L > 1 of ranks, the headers travel in two steps instead:
+//  1. within each host, an allgather of the L headers over shared memory (a
+//     fixed-size op: hb bytes, which depend on the group's size alone, so it
+//     never mismatches and the check still reports both values of any field);
+//  2. across hosts, each local rank l sends its host's L headers to local
+//     rank l of every other host, over its cross group's own sockets (the L
+//     cross groups run at once): H-1 messages per rank, one network latency.
+// Every rank then holds all n headers, in rank order, and runs the same check
+// as before, so errors, and the rule that a mismatch fails every rank and
+// leaves the group usable, are unchanged. Messages per op: H(H-1)L over TCP
+// (4 at 2x2, 448 at 8x8). A failure in either step (a lost rank, the
+// deadline) breaks the group, as any lost peer does.
+//
+// Note [Small allreduce across hosts]
+// Below BRAID_HIER_MIN_BYTES an allreduce rides on that exchange: between the
+// two steps, if the host's L headers are equal to this rank's (so the host
+// runs the same op, and none of its ranks failed its checks), the host sums
+// its inputs over shared memory; step 2 then carries the host's sum right
+// behind its headers (the eager protocol of Note [Eager data]), and after the
+// check every rank reduces the H host sums in host order. One shared-memory
+// allreduce and one network latency, with H-1 data messages per rank where a
+// direct exchange over all ranks sends n-1. Each bundle ends with a trailer
+// that says whether the host's sum follows, so that every receiver takes
+// exactly the messages that were sent, whatever the check then says. If the
+// host's shared-memory stage itself fails (a setting of the shared-memory
+// path that differs between host mates), its ranks throw that error and every
+// other rank an error naming the host; the group stays usable.
+#include <cstring>
+#include <vector>
+
+#include "collectives/hier/hier_group.h"
+#include "collectives/hier/stages.h"
+#include "collectives/reduce_share.h"
+#include "common/error.h"
+#include "reduce/reduce.h"
+
+namespace braid {
+namespace collectives {
+
+namespace {
+
+// What follows a host's headers in step 2 (Note [Small allreduce across hosts]).
+enum class SumState : uint64_t { kNone = 0, kSent = 1, kFailed = 2 };
+struct Trailer {
+  uint64_t state;
+  uint64_t bytes;
+};
+
+}  // namespace
+
+struct HierGroup::Rider {
+  const OpDesc* op;
+  const void* in;
+  std::vector<SumState> states;  // by host, once the headers are in
+  std::string localError;        // this host's shared-memory stage, when it failed
+};
+
+std::string HierGroup::relayHead(const OpDesc& op, const std::string& where) const {
+  return errorText(opName(op.kind), rank(), "op #", world_->opCount(), ", ", where, ": ");
+}
+
+void HierGroup::relay(const OpDesc& op, uint8_t* all, size_t hb) {
+  try {
+    relaySteps(op, all, hb);
+  } catch (const Error& e) {
+    // Ranks are out of step: every transport goes, so that the peers waiting
+    // in a cross group or on this host fail now, not at their deadline.
+    markBroken(e.what());
+    throw;
+  }
+}
+
+void HierGroup::relaySteps(const OpDesc& op, uint8_t* all, size_t hb) {
+  const int L = local_->size(), H = topo_.numHosts(), h = topo_.host();
+  const std::vector<int>& mates = topo_.ranksOn(h);
+  // Step 1: this host's headers, to each of its ranks.
+  std::vector<uint8_t> mine(all + rank() * hb, all + (rank() + 1) * hb);
+  std::vector<void*> outs(L);
+  for (int j = 0; j < L; ++j) outs[j] = all + mates[j] * hb;
+  OpDesc gather = hier::stageOp(op, OpKind::kAllgather, ReduceOp::kSum, hb);
+  gather.dtype = DataType::kUInt8;
+  hier::stage([&] { return relayHead(op, hier::withinHost(topo_, "gathering op headers")); },
+              [&] { local_->allgather(gather, mine.data(), outs.data()); });
+
+  // Between the steps, a small allreduce sums within the host.
+  Trailer t{static_cast<uint64_t>(SumState::kNone), 0};
+  const size_t bytes = rider_ ? rider_->op->bytes() : 0;
+  if (staging_.size() < H * bytes) staging_.resize(H * bytes);  // other hosts' sums too
+  if (rider_ && world_->agree(op, all, hb, mates)) {
+    const OpDesc& o = *rider_->op;
+    try {
+      hier::stage([&] { return hier::stageHead("allreduce", rank(), world_->opCount(), 1, 2,
+                                               hier::withinHost(topo_, "allreduce")); },
+                  [&] {
+                    local_->allreduce(hier::stageOp(o, OpKind::kAllreduce,
+                                                    hier::stageRedop(o.redop), o.count),
+                                      rider_->in, staging_.data() + h * bytes);
+                  });
+      t = {static_cast<uint64_t>(SumState::kSent), bytes};
+    } catch (const TimeoutError&) {
+      throw;
+    } catch (const PeerLostError&) {
+      throw;
+    } catch (const Error& e) {
+      t.state = static_cast<uint64_t>(SumState::kFailed);
+      rider_->localError = e.what();
+    }
+  }
+
+  // Step 2: the host's headers (and sum) to local rank l of every other host.
+  const size_t bb = L * hb + sizeof(Trailer);
+  std::vector<uint8_t> bundles(H * bb);
+  auto bundle = [&](int k) { return bundles.data() + k * bb; };
+  for (int j = 0; j < L; ++j) std::memcpy(bundle(h) + j * hb, all + mates[j] * hb, hb);
+  std::memcpy(bundle(h) + L * hb, &t, sizeof t);
+  hier::stage([&] { return relayHead(op, hier::acrossHosts(topo_, "sending op headers")); }, [&] {
+    cross_->beginUnchecked(op);
+    for (int k = 0; k < H; ++k) {
+      if (k != h) cross_->recv(k, 0, bundle(k), bb);
+    }
+    for (int k = 0; k < H; ++k) {
+      if (k == h) continue;
+      cross_->send(k, 0, bundle(h), bb);
+      if (t.state == static_cast<uint64_t>(SumState::kSent)) {
+        cross_->send(k, 1, staging_.data() + h * bytes, t.bytes);
+      }
+    }
+    cross_->wait();
+    if (rider_) rider_->states.assign(H, SumState::kNone);
+    for (int k = 0; k < H; ++k) {
+      Trailer theirs;
+      std::memcpy(&theirs, bundle(k) + L * hb, sizeof theirs);
+      if (rider_) rider_->states[k] = static_cast<SumState>(theirs.state);
+      if (k == h) continue;
+      const std::vector<int>& ranks = topo_.ranksOn(k);
+      for (int j = 0; j < L; ++j) std::memcpy(all + ranks[j] * hb, bundle(k) + j * hb, hb);
+      if (theirs.state != static_cast<uint64_t>(SumState::kSent)) continue;
+      // Sums are only sent for an op whose headers agree within the host; a
+      // size we do not expect means another op, and its data go to scratch.
+      const bool expected = rider_ && theirs.bytes == bytes;
+      uint8_t* dst = expected ? staging_.data() + k * bytes : cross_->scratch(theirs.bytes);
+      if (!expected && rider_) rider_->states[k] = SumState::kNone;
+      cross_->recv(k, 1, dst, theirs.bytes);
+      cross_->wait();
+    }
+  });
+}
+
+void HierGroup::allreduceSmall(const OpDesc& op, const void* in, void* out) {
+  Rider rider{&op, in, {}, {}};
+  rider_ = &rider;
+  struct Off {
+    Rider*& r;
+    ~Off() { r = nullptr; }
+  } off{rider_};
+  world_->begin(op, net::NetAlgo::kHierDirect);
+  // The check passed: every host ran the same op and summed it, unless its
+  // shared-memory stage failed (Note [Small allreduce across hosts]).
+  if (!rider.localError.empty()) throw Error(rider.localError);
+  const int H = topo_.numHosts();
+  for (int k = 0; k < H; ++k) {
+    if (rider.states[k] == SumState::kSent) continue;
+    const std::string& id = topo_.identityOf(k);
+    BRAID_THROW(Error, "allreduce", rank(), "op #", world_->opCount(),
+                ": the allreduce within host '", id.substr(0, id.find('/')), "' (ranks ",
+                hier::rankList(topo_.ranksOn(k)), ") failed; its ranks report why");
+  }
+  if (op.count == 0) return;
+  const size_t bytes = op.bytes();
+  std::vector<const void*> sums(H);
+  for (int k = 0; k < H; ++k) sums[k] = staging_.data() + k * bytes;
+  reduce::reduceN(op.dtype, kernelOp(op.redop), out, sums.data(), H, op.count);
+  if (op.redop == ReduceOp::kAvg) reduce::divide(op.dtype, out, out, size(), op.count);
+}
+
+}  // namespace collectives
+}  // namespace braid
