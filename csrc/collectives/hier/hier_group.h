@@ -15,7 +15,11 @@
 // messages]): each rank compares its op with every other rank's there, so a
 // mismatch, a rank's argument error or a setting that differs fails every
 // rank the same way before any data moves, and the stages after it need no
-// agreement of their own (their own headers only re-check it).
+// agreement of their own (their own headers only re-check it). With local
+// and cross groups, the headers travel through them, not all-to-all over the
+// world's sockets (Note [Op headers across hosts], hier/relay.cc), and a
+// small allreduce rides on that exchange (Note [Small allreduce across
+// hosts]).
 // Allreduce from BRAID_HIER_MIN_BYTES bytes, with local and cross groups,
 // runs in three stages (hier/allreduce.cc): a reduce-scatter within the host
 // over shared memory, leaving local rank l with section l of the host's sum;
@@ -30,8 +34,9 @@
 // and reduce]) and allgather and reduce_scatter (hier/allgather.cc, Note
 // [Staged allgather and reduce-scatter]) run in two stages of the same kind,
 // pipelined as well.
-// Everything else (smaller buffers, groups with one rank per host or uneven
-// hosts, gather, scatter, alltoall, barrier) runs over the world group, whose
+// Everything else (smaller buffers but allreduce's, groups with one rank per
+// host or uneven hosts, gather, scatter, alltoall, barrier) runs over the
+// world group, whose
 // algorithms are latency-optimal for small buffers (a direct exchange) and
 // bandwidth-optimal for large ones (rings). The world's header exchange
 // decides for every op, so ranks that would stage differently fail there

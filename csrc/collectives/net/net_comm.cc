@@ -34,6 +34,8 @@ struct NetHeader {
   uint64_t hierMin;     // BRAID_HIER_MIN_BYTES (hier/hier_group.cc)
   uint64_t hierPiece;   // BRAID_HIER_PIPELINE_BYTES (hier/hier_group.cc)
   uint64_t eagerBytes;  // data that follow on step 1 (Note [Eager data])
+  // NetConfig::local: the hierarchy's shared-memory settings.
+  uint64_t allreduceOneShotMax, reduceOneShotMax, directMin, directOps, chunkSetting;
 };
 
 bool reduces(OpKind k) {
@@ -224,6 +226,11 @@ void NetComm::exchangeHeaders(const OpDesc& op, NetAlgo algo, const void* eager)
   h->hierMin = cfg_.hierMinBytes;
   h->hierPiece = cfg_.hierPieceBytes;
   h->eagerBytes = eager ? op.bytes() : 0;
+  h->allreduceOneShotMax = cfg_.local.allreduceOneShotMax;
+  h->reduceOneShotMax = cfg_.local.reduceOneShotMax;
+  h->directMin = cfg_.local.directMinBytes;
+  h->directOps = cfg_.local.directOps;
+  h->chunkSetting = cfg_.local.chunkBytes;
   if (op.kind == OpKind::kAlltoall && op.sendBytes && op.recvBytes) {
     for (int j = 0; j < n; ++j) {
       sizes(rank_)[j] = op.sendBytes[j];
@@ -328,6 +335,17 @@ void NetComm::checkHeaders(const OpDesc& op, const uint8_t* all, size_t hb,
     if (hierStages(op.kind)) {
       sameSetting(p, "BRAID_HIER_MIN_BYTES", o->hierMin, h->hierMin);
       sameSetting(p, "BRAID_HIER_PIPELINE_BYTES", o->hierPiece, h->hierPiece);
+      sameSetting(p, "BRAID_ALLREDUCE_ONESHOT_MAX", o->allreduceOneShotMax, h->allreduceOneShotMax);
+      sameSetting(p, "BRAID_REDUCE_ONESHOT_MAX", o->reduceOneShotMax, h->reduceOneShotMax);
+      sameSetting(p, "BRAID_DIRECT_MIN_BYTES", o->directMin, h->directMin);
+      sameSetting(p, "BRAID_CHUNK_BYTES", o->chunkSetting, h->chunkSetting);
+      if (o->directOps != h->directOps) {
+        BRAID_THROW(Error, me, rank_, "rank ", p, " runs with BRAID_DIRECT_OPS=",
+                    directOpsList(static_cast<uint32_t>(o->directOps)),
+                    ", this rank with BRAID_DIRECT_OPS=",
+                    directOpsList(static_cast<uint32_t>(h->directOps)),
+                    " (settings that shape an op must be equal on every rank)");
+      }
     }
     if (o->algo != h->algo) {
       BRAID_THROW(Error, me, rank_, "rank ", p, " takes the ",

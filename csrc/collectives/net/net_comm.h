@@ -23,7 +23,9 @@
 // latencies and a serial hop through rank 0. Groups across hosts are mostly
 // the leaders of a few hosts (2-16), where the latency is what counts, and the
 // exchange doubles as the barrier. Above a few hundred ranks a tree would be
-// better; not needed for the hierarchy's leader groups.
+// better; not needed for the hierarchy's leader groups. A group across hosts
+// with several ranks per host sends its world's headers through its host
+// and cross groups instead (a HeaderRelay, Note [Op headers across hosts]).
 // Failures. A transport error (a peer lost, the op's deadline passed) leaves
 // the ranks out of step: the NetComm names the op, this rank and the peer,
 // marks the group broken (later ops fail at once with the first error),
@@ -81,6 +83,11 @@ struct NetConfig {
   // BRAID_HIER_PIPELINE_BYTES (hier/hier_group.cc): the pieces the staged
   // ops pipeline (Note [Pipelined stages]); 0: one piece.
   uint64_t hierPieceBytes = 0;
+  // The shared-memory settings of the hierarchy's host groups (set by it:
+  // hier/hier_group.cc; zero elsewhere), compared for the kinds it stages:
+  // host mates that differ would fail inside a stage, and the other hosts
+  // only at their deadline (Note [Op headers across hosts]).
+  CollectiveConfig local{0, 0, 0, 0, 0};
   // Throws an Error naming "init" and `rank` when a value is invalid.
   static NetConfig fromEnv(int rank);
 };

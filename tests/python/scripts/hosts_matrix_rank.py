@@ -13,7 +13,9 @@ of ranks, isend/irecv, a send in flight across collectives, ops in flight at onc
 tensor, subgroups (across hosts, uneven, one host, an even hierarchy with other local
 ranks), and a second braid group with BRAID_HIER_MIN_BYTES=0,
 BRAID_NET_ALLREDUCE_RING_MIN=0 and BRAID_HIER_PIPELINE_BYTES=16 (tiny counts through the
-three stages, in several pieces, and the rings). Where
+three stages, in several pieces, and the rings), and a third braid group in which the last rank
+alone runs with BRAID_ALLREDUCE_ONESHOT_MAX=0 (a shared-memory setting that host mates must share
+where the hierarchy has host groups: every rank must fail at once, naming it). Where
 the layout has the hierarchy, it checks from eth0's counters that the large allreduce sends
 what the three stages send, not what a flat ring would. Errors that must come (a count,
 dtype, root or op that differs across hosts; BAND on floats; a receive from any source) are
@@ -719,6 +721,25 @@ class Matrix:
                     self.compare(f"subgroup all_gather[{j}]", outs[j],
                                  H.pattern(r, 56, 1001, torch.int64))
 
+    def local_settings(self, group):
+        """`group`: the last rank alone runs with BRAID_ALLREDUCE_ONESHOT_MAX=0. Where the
+        hierarchy has host groups, the world's headers carry their shared-memory settings, so a
+        small and a staged all_reduce fail every rank at once, naming the setting and both
+        values (otherwise the last host's ranks would fail inside a shared-memory stage and the
+        other hosts wait for their deadline). Without host groups the setting shapes nothing and
+        both work."""
+        per = [HOST_OF.count(x) for x in dict.fromkeys(HOST_OF)]
+        hier = per[0] > 1 and all(m == per[0] for m in per)
+        for count in (1001, LARGE):
+            self.start(f"all_reduce count={count}, BRAID_ALLREDUCE_ONESHOT_MAX=0 on the last "
+                       f"rank alone ({'host groups' if hier else 'no host groups'})")
+            if hier:
+                t = torch.ones(count)
+                self.expect_error(lambda: dist.all_reduce(t, group=group),
+                                  "BRAID_ALLREDUCE_ONESHOT_MAX=0", "BRAID_ALLREDUCE_ONESHOT_MAX=65536")
+            else:
+                self.one_all_reduce(torch.float32, "SUM", count, group=group, tag=" (odd setting)")
+
     def small_hier(self, group):
         """A second braid group with BRAID_HIER_MIN_BYTES=0, BRAID_NET_ALLREDUCE_RING_MIN=0
         and BRAID_HIER_PIPELINE_BYTES=16: tiny counts take the three stages (empty and short
@@ -805,6 +826,12 @@ def main():
     braid0 = dist.new_group(backend="braid", timeout=timeout)
     for k, v in saved.items():
         os.environ.pop(k) if v is None else os.environ.__setitem__(k, v)
+    # Read when the group is made (Note [Settings that shape an op]).
+    os.environ.pop("BRAID_ALLREDUCE_ONESHOT_MAX", None)
+    if rank == n - 1:
+        os.environ["BRAID_ALLREDUCE_ONESHOT_MAX"] = "0"
+    odd = dist.new_group(backend="braid", timeout=timeout)
+    os.environ.pop("BRAID_ALLREDUCE_ONESHOT_MAX", None)
 
     subgroups = {}
     for ranks in subgroup_ranks(hosts):
@@ -822,7 +849,8 @@ def main():
                 ("p2p_edges", m.p2p_edges), ("hier_traffic", m.hier_traffic),
                 ("mismatch", m.mismatch), ("async_ops", m.async_ops),
                 ("subgroups", lambda: m.subgroups(subgroups)),
-                ("small_hier", lambda: m.small_hier(braid0))]
+                ("small_hier", lambda: m.small_hier(braid0)),
+                ("local_settings", lambda: m.local_settings(odd))]
     only = os.environ.get("BRAID_MATRIX_ONLY")  # for reproducing one family by hand
     for family, fn in families:
         if only and family not in only.split(","):
@@ -840,6 +868,7 @@ def main():
     for _, bg in subgroups.values():
         dist.destroy_process_group(bg)
     dist.destroy_process_group(braid0)
+    dist.destroy_process_group(odd)
     dist.destroy_process_group(braid)
     dist.barrier()  # rank 0's store must outlive every rank's last use of it
     print(json.dumps(report), flush=True)
