@@ -395,7 +395,8 @@ TEST(Hier, MismatchWithinAHostFailsEveryRankAndKeepsTheGroup) {
         EXPECT_NE(std::string(e.what()).find(b), std::string::npos) << what << ": " << e.what();
       }
     };
-    for (size_t base : {size_t(70), size_t(100000)}) {
+    // Host sums inside the headers' messages, in messages of their own, and staged.
+    for (size_t base : {size_t(70), size_t(1000), size_t(100000)}) {
       const size_t count = r == 1 ? base + 1 : base;  // rank 1 passes another count
       std::vector<float> in(count, 1.0f), out(count);
       fails("allreduce", [&] {

@@ -103,11 +103,15 @@ class HierGroup : public Group, private net::HeaderRelay {
  struct Piece;  // hier/allreduce.cc
 
  private:
-  struct Rider;  // hier/relay.cc
+  struct Rider;    // hier/relay.cc
+  struct Trailer;  // hier/relay.cc
   // The world's header exchange within and across hosts (Note [Op headers
   // across hosts], hier/relay.cc); set when the group has local and cross groups.
   void relay(const OpDesc& op, uint8_t* all, size_t hb) override;
   void relaySteps(const OpDesc& op, uint8_t* all, size_t hb);
+  // A small allreduce's host sum, between the relay's steps (or why none).
+  Trailer hostSum(const OpDesc& op, const uint8_t* all, size_t hb,
+                  const uint8_t* gathered, size_t gb);
   std::string relayHead(const OpDesc& op, const std::string& where) const;
   // Note [Small allreduce across hosts] (hier/relay.cc).
   void allreduceSmall(const OpDesc& op, const void* in, void* out);

@@ -48,14 +48,18 @@ namespace collectives {
 
 namespace {
 
+// Note [Small allreduce across hosts]: inputs and host sums of at most this
+// many bytes travel inside the headers' own messages.
+constexpr size_t kInline = 512;
+
+}  // namespace
+
 // What follows a host's headers in step 2 (Note [Small allreduce across hosts]).
 enum class SumState : uint64_t { kNone = 0, kSent = 1, kFailed = 2 };
-struct Trailer {
+struct HierGroup::Trailer {
   uint64_t state;
   uint64_t bytes;
 };
-
-}  // namespace
 
 struct HierGroup::Rider {
   const OpDesc* op;
@@ -82,46 +86,33 @@ void HierGroup::relay(const OpDesc& op, uint8_t* all, size_t hb) {
 void HierGroup::relaySteps(const OpDesc& op, uint8_t* all, size_t hb) {
   const int L = local_->size(), H = topo_.numHosts(), h = topo_.host();
   const std::vector<int>& mates = topo_.ranksOn(h);
-  // Step 1: this host's headers, to each of its ranks.
-  std::vector<uint8_t> mine(all + rank() * hb, all + (rank() + 1) * hb);
+  const size_t bytes = rider_ ? rider_->op->bytes() : 0;
+  if (staging_.size() < H * bytes) staging_.resize(H * bytes);  // every host's sum
+
+  // Step 1: this rank's header, and a tiny allreduce's input, to its host mates.
+  const size_t gb = hb + kInline;
+  std::vector<uint8_t> mine(gb, 0), gathered(L * gb);
+  std::memcpy(mine.data(), all + rank() * hb, hb);
+  if (rider_ && bytes <= kInline) copyBytes(mine.data() + hb, rider_->in, bytes);
   std::vector<void*> outs(L);
-  for (int j = 0; j < L; ++j) outs[j] = all + mates[j] * hb;
-  OpDesc gather = hier::stageOp(op, OpKind::kAllgather, ReduceOp::kSum, hb);
+  for (int j = 0; j < L; ++j) outs[j] = gathered.data() + j * gb;
+  OpDesc gather = hier::stageOp(op, OpKind::kAllgather, ReduceOp::kSum, gb);
   gather.dtype = DataType::kUInt8;
   hier::stage([&] { return relayHead(op, hier::withinHost(topo_, "gathering op headers")); },
               [&] { local_->allgather(gather, mine.data(), outs.data()); });
+  for (int j = 0; j < L; ++j) std::memcpy(all + mates[j] * hb, outs[j], hb);
 
-  // Between the steps, a small allreduce sums within the host.
-  Trailer t{static_cast<uint64_t>(SumState::kNone), 0};
-  const size_t bytes = rider_ ? rider_->op->bytes() : 0;
-  if (staging_.size() < H * bytes) staging_.resize(H * bytes);  // other hosts' sums too
-  if (rider_ && world_->agree(op, all, hb, mates)) {
-    const OpDesc& o = *rider_->op;
-    try {
-      hier::stage([&] { return hier::stageHead("allreduce", rank(), world_->opCount(), 1, 2,
-                                               hier::withinHost(topo_, "allreduce")); },
-                  [&] {
-                    local_->allreduce(hier::stageOp(o, OpKind::kAllreduce,
-                                                    hier::stageRedop(o.redop), o.count),
-                                      rider_->in, staging_.data() + h * bytes);
-                  });
-      t = {static_cast<uint64_t>(SumState::kSent), bytes};
-    } catch (const TimeoutError&) {
-      throw;
-    } catch (const PeerLostError&) {
-      throw;
-    } catch (const Error& e) {
-      t.state = static_cast<uint64_t>(SumState::kFailed);
-      rider_->localError = e.what();
-    }
-  }
+  const Trailer t = hostSum(op, all, hb, gathered.data(), gb);
 
   // Step 2: the host's headers (and sum) to local rank l of every other host.
-  const size_t bb = L * hb + sizeof(Trailer);
+  const size_t bb = L * hb + sizeof(Trailer) + kInline;
   std::vector<uint8_t> bundles(H * bb);
   auto bundle = [&](int k) { return bundles.data() + k * bb; };
+  auto inlined = [&](int k) { return bundle(k) + L * hb + sizeof(Trailer); };
+  const bool sent = t.state == static_cast<uint64_t>(SumState::kSent);
   for (int j = 0; j < L; ++j) std::memcpy(bundle(h) + j * hb, all + mates[j] * hb, hb);
   std::memcpy(bundle(h) + L * hb, &t, sizeof t);
+  if (sent && bytes <= kInline) copyBytes(inlined(h), staging_.data() + h * bytes, bytes);
   hier::stage([&] { return relayHead(op, hier::acrossHosts(topo_, "sending op headers")); }, [&] {
     cross_->beginUnchecked(op);
     for (int k = 0; k < H; ++k) {
@@ -130,9 +121,7 @@ void HierGroup::relaySteps(const OpDesc& op, uint8_t* all, size_t hb) {
     for (int k = 0; k < H; ++k) {
       if (k == h) continue;
       cross_->send(k, 0, bundle(h), bb);
-      if (t.state == static_cast<uint64_t>(SumState::kSent)) {
-        cross_->send(k, 1, staging_.data() + h * bytes, t.bytes);
-      }
+      if (sent && bytes > kInline) cross_->send(k, 1, staging_.data() + h * bytes, bytes);
     }
     cross_->wait();
     if (rider_) rider_->states.assign(H, SumState::kNone);
@@ -145,14 +134,52 @@ void HierGroup::relaySteps(const OpDesc& op, uint8_t* all, size_t hb) {
       for (int j = 0; j < L; ++j) std::memcpy(all + ranks[j] * hb, bundle(k) + j * hb, hb);
       if (theirs.state != static_cast<uint64_t>(SumState::kSent)) continue;
       // Sums are only sent for an op whose headers agree within the host; a
-      // size we do not expect means another op, and its data go to scratch.
+      // size we do not expect means another op, and its data are dropped.
       const bool expected = rider_ && theirs.bytes == bytes;
-      uint8_t* dst = expected ? staging_.data() + k * bytes : cross_->scratch(theirs.bytes);
       if (!expected && rider_) rider_->states[k] = SumState::kNone;
+      if (theirs.bytes <= kInline) {
+        if (expected) copyBytes(staging_.data() + k * bytes, inlined(k), bytes);
+        continue;
+      }
+      uint8_t* dst = expected ? staging_.data() + k * bytes : cross_->scratch(theirs.bytes);
       cross_->recv(k, 1, dst, theirs.bytes);
       cross_->wait();
     }
   });
+}
+
+HierGroup::Trailer HierGroup::hostSum(const OpDesc& op, const uint8_t* all, size_t hb,
+                           const uint8_t* gathered, size_t gb) {
+  if (!rider_ || !world_->agree(op, all, hb, topo_.ranksOn(topo_.host()))) {
+    return {static_cast<uint64_t>(SumState::kNone), 0};
+  }
+  const OpDesc& o = *rider_->op;
+  const int L = local_->size();
+  const size_t bytes = o.bytes();
+  uint8_t* sum = staging_.data() + topo_.host() * bytes;
+  if (bytes <= kInline) {  // the inputs came with the headers: reduce in local rank order
+    std::vector<const void*> ins(L);
+    for (int j = 0; j < L; ++j) ins[j] = gathered + j * gb + hb;
+    if (o.count) reduce::reduceN(o.dtype, kernelOp(o.redop), sum, ins.data(), L, o.count);
+    return {static_cast<uint64_t>(SumState::kSent), bytes};
+  }
+  try {
+    hier::stage([&] { return hier::stageHead("allreduce", rank(), world_->opCount(), 1, 2,
+                                             hier::withinHost(topo_, "allreduce")); },
+                [&] {
+                  local_->allreduce(hier::stageOp(o, OpKind::kAllreduce,
+                                                  hier::stageRedop(o.redop), o.count),
+                                    rider_->in, sum);
+                });
+    return {static_cast<uint64_t>(SumState::kSent), bytes};
+  } catch (const TimeoutError&) {
+    throw;
+  } catch (const PeerLostError&) {
+    throw;
+  } catch (const Error& e) {
+    rider_->localError = e.what();
+    return {static_cast<uint64_t>(SumState::kFailed), 0};
+  }
 }
 
 void HierGroup::allreduceSmall(const OpDesc& op, const void* in, void* out) {
