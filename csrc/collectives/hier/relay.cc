@@ -38,6 +38,7 @@
 // was sent, whatever the check then says. If the host's shared-memory
 // allreduce fails (it has checks of its own), its ranks throw that error and
 // every other rank an error naming the host; the group stays usable.
+#include <algorithm>
 #include <cstring>
 #include <vector>
 
@@ -139,6 +140,14 @@ void HierGroup::relaySteps(const OpDesc& op, uint8_t* all, size_t hb) {
       if (theirs.state != static_cast<uint64_t>(SumState::kSent)) continue;
       // Sums are only sent for an op whose headers agree within the host; a
       // size we do not expect means another op, and its data are dropped.
+      // Below the threshold (or under one element per local rank) a sum is
+      // small: a larger one would have us allocate what a peer says.
+      const uint64_t most = std::max<uint64_t>({world_->config().hierMinBytes, 16u * L, kInline});
+      if (theirs.bytes > most) {
+        BRAID_THROW(Error, opName(op.kind), rank(), "rank ", ranks[local_->rank()], " announced a host sum of ",
+                    theirs.bytes, " bytes; a small allreduce has fewer than ", most,
+                    " (BRAID_HIER_MIN_BYTES differs, or the bundle is corrupt)");
+      }
       const bool expected = rider_ && theirs.bytes == bytes;
       if (!expected && rider_) rider_->states[k] = SumState::kNone;
       if (theirs.bytes <= kInline) {
