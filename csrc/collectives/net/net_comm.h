@@ -85,8 +85,8 @@ struct NetConfig {
   uint64_t hierPieceBytes = 0;
   // The shared-memory settings of the hierarchy's host groups (set by it:
   // hier/hier_group.cc; zero elsewhere), compared for the kinds it stages:
-  // host mates that differ would fail inside a stage, and the other hosts
-  // only at their deadline (Note [Op headers across hosts]).
+  // host mates that differed on one that shapes a stage would fail in that
+  // stage alone, while the other hosts waited for them in the next.
   CollectiveConfig local{0, 0, 0, 0, 0};
   // Throws an Error naming "init" and `rank` when a value is invalid.
   static NetConfig fromEnv(int rank);

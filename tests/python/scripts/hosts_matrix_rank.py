@@ -723,11 +723,10 @@ class Matrix:
 
     def local_settings(self, group):
         """`group`: the last rank alone runs with BRAID_ALLREDUCE_ONESHOT_MAX=0. Where the
-        hierarchy has host groups, the world's headers carry their shared-memory settings, so a
-        small and a staged all_reduce fail every rank at once, naming the setting and both
-        values (otherwise the last host's ranks would fail inside a shared-memory stage and the
-        other hosts wait for their deadline). Without host groups the setting shapes nothing and
-        both work."""
+        hierarchy has host groups, the world's headers carry their shared-memory settings
+        (NetConfig::local), so a small and a staged all_reduce fail every rank at once, naming
+        the setting and both values, before any stage runs. Without host groups the setting
+        shapes nothing and both work."""
         per = [HOST_OF.count(x) for x in dict.fromkeys(HOST_OF)]
         hier = per[0] > 1 and all(m == per[0] for m in per)
         for count in (1001, LARGE):
