@@ -28,6 +28,13 @@ void fillOpHeader(OpHeader* h, uint32_t magic, const OpDesc& op, uint64_t seq) {
   h->message[n] = '\0';
 }
 
+void settingDiffers(const char* op, int rank, int peer, const char* setting,
+                    const std::string& theirs, const std::string& ours) {
+  BRAID_THROW(Error, op, rank, "rank ", peer, " runs with ", setting, "=", theirs,
+              ", this rank with ", setting, "=", ours,
+              " (settings that shape an op must be equal on every rank)");
+}
+
 void checkOpHeader(const char* me, int rank, int peer, const OpHeader& theirs,
                    const OpHeader& mine) {
   if (theirs.magic != mine.magic) {

@@ -5,6 +5,7 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <string>
 
 #include "collectives/shm/communicator.h"
 
@@ -36,6 +37,11 @@ void fillOpHeader(OpHeader* h, uint32_t magic, const OpDesc& op, uint64_t seq);
 // op. The settings that shape an op are each transport's to compare.
 void checkOpHeader(const char* op, int rank, int peer, const OpHeader& theirs,
                    const OpHeader& mine);
+
+// Throws the Error for a setting that shapes an op (Note [Settings that
+// shape an op]) and that rank `peer` runs with another value than this rank.
+[[noreturn]] void settingDiffers(const char* op, int rank, int peer, const char* setting,
+                                 const std::string& theirs, const std::string& ours);
 
 }  // namespace collectives
 }  // namespace braid

@@ -66,11 +66,10 @@ HierGroup::HierGroup(transport::Store& store, const transport::Topology& topo,
                 "BRAID_HIER_PIPELINE_BYTES must be >= 0, got ", kHierPiece.get());
   cfg.hierPieceBytes = static_cast<uint64_t>(kHierPiece.get());
   const int L = topo.localSize(), l = topo.localRank(), h = topo.host();
-  const bool staged = L > 1 && evenHosts(topo);
+  const bool hostGroups = L > 1 && evenHosts(topo);
   // Read once: the host group runs with these, and the world's headers carry
   // them (NetConfig::local).
-  const CollectiveConfig local = CollectiveConfig::fromEnv(rank);
-  if (staged) cfg.local = local;
+  if (hostGroups) cfg.local = CollectiveConfig::fromEnv(rank);
 
   std::vector<int> all(n);
   for (int r = 0; r < n; ++r) all[r] = r;
@@ -83,7 +82,7 @@ HierGroup::HierGroup(transport::Store& store, const transport::Topology& topo,
   transport::PrefixedStore p2pStore(store, "tcp/p2p/");
   p2pT_ = transport::tcp::connect(p2pStore, rank, n, p2pOpts);
 
-  if (staged) {
+  if (hostGroups) {
     std::vector<int> peers;
     for (int k = 0; k < topo.numHosts(); ++k) peers.push_back(topo.ranksOn(k)[l]);
     // The sub-groups' errors number ranks as the sub-group does: say which.
@@ -107,7 +106,7 @@ HierGroup::HierGroup(transport::Store& store, const transport::Topology& topo,
       w.timeout = opts.timeout;
       for (int r : topo.ranksOn(h)) w.peerNames.push_back(label(topo, r));
       local_ = std::make_unique<ShmGroup>(transport::shm::ShmWindow::create(shmStore, l, L, w),
-                                          local);
+                                          cfg.local);
     });
     sub("TCP group across hosts", peers, h, [&] {
       transport::PrefixedStore crossStore(store, strCat("tcp/cross", l, "/"));

@@ -156,7 +156,7 @@ void HierGroup::relaySteps(const OpDesc& op, uint8_t* all, size_t hb) {
       }
       uint8_t* dst = expected ? staging_.data() + k * bytes : cross_->scratch(theirs.bytes);
       cross_->recv(k, 1, dst, theirs.bytes);
-      cross_->wait();
+      cross_->wait();  // before the next scratch(), which may move it
     }
   });
 }

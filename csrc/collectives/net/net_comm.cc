@@ -321,10 +321,7 @@ void NetComm::checkHeaders(const OpDesc& op, const uint8_t* all, size_t hb,
   }
   // Note [Settings that shape an op]: a setting the op's steps depend on.
   auto sameSetting = [&](int p, const char* name, uint64_t theirs, uint64_t mine) {
-    if (theirs == mine) return;
-    BRAID_THROW(Error, me, rank_, "rank ", p, " runs with ", name, "=", theirs,
-                ", this rank with ", name, "=", mine,
-                " (settings that shape an op must be equal on every rank)");
+    if (theirs != mine) settingDiffers(me, rank_, p, name, std::to_string(theirs), std::to_string(mine));
   };
   for (int p : ranks) {
     const NetHeader* o = at(p);
@@ -340,11 +337,9 @@ void NetComm::checkHeaders(const OpDesc& op, const uint8_t* all, size_t hb,
       sameSetting(p, "BRAID_DIRECT_MIN_BYTES", o->directMin, h->directMin);
       sameSetting(p, "BRAID_CHUNK_BYTES", o->chunkSetting, h->chunkSetting);
       if (o->directOps != h->directOps) {
-        BRAID_THROW(Error, me, rank_, "rank ", p, " runs with BRAID_DIRECT_OPS=",
-                    directOpsList(static_cast<uint32_t>(o->directOps)),
-                    ", this rank with BRAID_DIRECT_OPS=",
-                    directOpsList(static_cast<uint32_t>(h->directOps)),
-                    " (settings that shape an op must be equal on every rank)");
+        settingDiffers(me, rank_, p, "BRAID_DIRECT_OPS",
+                       directOpsList(static_cast<uint32_t>(o->directOps)),
+                       directOpsList(static_cast<uint32_t>(h->directOps)));
       }
     }
     if (o->algo != h->algo) {

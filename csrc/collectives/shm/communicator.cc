@@ -67,13 +67,6 @@ const WireHeader* headerAt(transport::Window& w, int rank, uint64_t step) {
   return reinterpret_cast<const WireHeader*>(w.control(rank, step));
 }
 
-[[noreturn]] void settingDiffers(const char* op, int rank, int peer, const char* setting,
-                                 const std::string& theirs, const std::string& ours) {
-  BRAID_THROW(Error, op, rank, "rank ", peer, " runs with ", setting, "=", theirs,
-              ", this rank with ", setting, "=", ours,
-              " (settings that shape an op must be equal on every rank)");
-}
-
 // Note [Settings that shape an op]: the settings that choose the path first,
 // so that the error names the one that differs; then the path they chose,
 // and the chunk size where the path's steps depend on it.
