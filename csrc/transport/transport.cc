@@ -34,6 +34,7 @@ void Request::throwError() const {
 }
 
 void Request::complete(std::exception_ptr error) {
+  if (DeferredCompletions::defer(*this, error)) return;
   ErrorKind kind = ErrorKind::kNone;
   std::string text;
   if (error) {
@@ -57,14 +58,46 @@ void Request::complete(std::exception_ptr error) {
     errorKind_ = kind;
     errorText_ = std::move(text);
     cb = std::move(callback_);
-    cv_.notify_all();
   }
+  // After unlocking: a waiter woken under the lock would only block on it
+  // again (one more futex round trip per completion). The Request outlives
+  // this call: every completer reaches it through a shared_ptr it holds.
+  cv_.notify_all();
   if (cb && !DeferredCallbacks::queue(cb, error)) cb(error);
 }
 
 namespace {
 thread_local DeferredCallbacks* innermost = nullptr;
+thread_local DeferredCompletions* innermostCompletions = nullptr;
 }  // namespace
+
+DeferredCompletions::DeferredCompletions() : outer_(innermostCompletions) {
+  innermostCompletions = this;
+}
+
+DeferredCompletions::~DeferredCompletions() {
+  run();
+  innermostCompletions = outer_;
+}
+
+void DeferredCompletions::run() {
+  DeferredCompletions* const active = innermostCompletions;
+  innermostCompletions = outer_;  // what completes now is not recorded again here
+  while (!calls_.empty()) {
+    auto calls = std::move(calls_);
+    calls_.clear();
+    for (auto& [req, error] : calls) req->complete(std::move(error));
+  }
+  innermostCompletions = active;
+}
+
+bool DeferredCompletions::defer(Request& r, std::exception_ptr& error) {
+  if (!innermostCompletions) return false;
+  std::shared_ptr<Request> owned = r.weak_from_this().lock();
+  if (!owned) return false;
+  innermostCompletions->calls_.emplace_back(std::move(owned), std::move(error));
+  return true;
+}
 
 DeferredCallbacks::DeferredCallbacks() : outer_(innermost) { innermost = this; }
 

@@ -59,7 +59,7 @@ namespace transport {
 using Clock = std::chrono::steady_clock;
 
 // One posted send or receive.
-class Request {
+class Request : public std::enable_shared_from_this<Request> {
  public:
   using Callback = std::function<void(std::exception_ptr error)>;
 
@@ -112,6 +112,28 @@ class DeferredCallbacks {
  private:
   std::vector<Call> calls_;
   DeferredCallbacks* outer_;
+};
+
+// While one lives on a thread, Request::complete on that thread records the
+// completion instead of making it; run() (or the destructor) makes them, in
+// order, with this one no longer collecting. A progress thread completes what
+// a batch of events finished only after it released its lock: see Note
+// [Completing after the lock] in tcp/transport.h. Nests (the inner one collects).
+class DeferredCompletions {
+ public:
+  DeferredCompletions();
+  ~DeferredCompletions();  // run()s what is left, then restores the outer one
+  DeferredCompletions(const DeferredCompletions&) = delete;
+  DeferredCompletions& operator=(const DeferredCompletions&) = delete;
+
+  void run();
+  // Request::complete's hook: records on this thread's innermost one; false
+  // if none (or the Request is not owned by a shared_ptr).
+  static bool defer(Request& r, std::exception_ptr& error);
+
+ private:
+  std::vector<std::pair<std::shared_ptr<Request>, std::exception_ptr>> calls_;
+  DeferredCompletions* outer_;
 };
 
 class Transport {

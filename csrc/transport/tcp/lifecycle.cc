@@ -132,6 +132,7 @@ void TcpTransport::expireHandshakes() {
 
 void TcpTransport::retryMemoryWaiters() {
   shared_.memoryFreed = false;
+  shared_.memoryWaiting = false;  // set again by a socket that still finds no room
   for (auto& p : pairs_) {
     if (p->failed) continue;
     std::string err = p->retryStalled();

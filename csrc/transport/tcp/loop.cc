@@ -66,11 +66,12 @@ void TcpTransport::progress() {
     timeoutMs = pending_.empty() ? -1 : 100;
   }
   epoll_event evs[64];
-  for (;;) {
+  for (bool more = true; more;) {
     int n = epoll_wait(epollFd_, evs, 64, timeoutMs);
+    DeferredCompletions done;  // made after ioMu_ is released (Note [Completing after the lock])
     std::lock_guard<std::mutex> io(ioMu_);
     Progressing mark(this);
-    if (!handleBatch(evs, n)) break;
+    more = handleBatch(evs, n);
     // Read under ioMu_: a poster may have begun a handshake (lazy connect).
     timeoutMs = pending_.empty() ? -1 : 100;
   }

@@ -103,7 +103,7 @@ void Pair::match(InMsg& m) {
 void Pair::release(InMsg& m) {
   if (!m.buffered) return;
   sh_.unexpectedBytes -= m.total;
-  sh_.memoryFreed = true;
+  if (sh_.memoryWaiting) sh_.memoryFreed = true;
   m.buf.reset();
   std::vector<std::pair<uint64_t, uint64_t>>().swap(m.bufFrames);
   m.buffered = false;
@@ -267,6 +267,7 @@ std::string Pair::onReadable(Conn& c) {
     if (!m.recv && !m.discard && !m.buffered && m.total > 0) {
       if (!c.peerClosing && sh_.unexpectedBytes + m.total > sh_.maxUnexpected) {
         c.stalled = true;  // no receive and no room: wait for either
+        sh_.memoryWaiting = true;
         return "";
       }
       m.buf.reset(new uint8_t[m.total]);

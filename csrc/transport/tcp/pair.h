@@ -122,7 +122,12 @@ struct PairShared {
   size_t chunkBytes = 0;
   size_t maxUnexpected = 0;
   size_t unexpectedBytes = 0;
-  bool memoryFreed = false;  // set when buffered bytes were released
+  // A socket stopped reading for want of budget (Pair::onReadable), and
+  // bytes were released since: retryMemoryWaiters() is due. Releases while
+  // no socket waits set nothing, so that the common case (a small message
+  // taken from the buffer) does not wake the progress thread.
+  bool memoryWaiting = false;
+  bool memoryFreed = false;
 };
 
 class Pair {

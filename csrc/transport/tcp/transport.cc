@@ -164,20 +164,25 @@ void TcpTransport::post(Post p, const std::shared_ptr<Request>& req) {
   // Note [Posting threads progress]. Without the lock the progress thread
   // may be past its adoptPosts already: then only the wake gets it there.
   if (Progressing::current != this && ioMu_.try_lock()) {
-    std::lock_guard<std::mutex> io(ioMu_, std::adopt_lock);
-    adoptPostsHere();
+    adoptPostsHere(std::unique_lock<std::mutex>(ioMu_, std::adopt_lock));
   } else if (wake) {
     wakeProgress();
   }
 }
 
-void TcpTransport::adoptPostsHere() {
-  Progressing mark(this);
+void TcpTransport::adoptPostsHere(std::unique_lock<std::mutex> io) {
+  DeferredCompletions done;
   DeferredCallbacks callbacks;
-  adoptPosts();
-  const bool leftWork =
-      !callbacks.empty() || !graveyard_.empty() || !pending_.empty() || shared_.memoryFreed;
+  bool leftWork;
+  {
+    Progressing mark(this);
+    adoptPosts();
+    leftWork = !graveyard_.empty() || !pending_.empty() || shared_.memoryFreed;
+  }
+  io.unlock();
+  done.run();  // Note [Completing after the lock]; the callbacks queue in `callbacks`
   if (!callbacks.empty()) {
+    leftWork = true;
     std::lock_guard<std::mutex> lock(mu_);
     for (auto& c : callbacks.take()) deferred_.push_back(std::move(c));
   }
