@@ -3,6 +3,7 @@
 // against closed forms.
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cmath>
 #include <cstring>
 #include <numeric>
@@ -175,7 +176,11 @@ TEST_P(Worlds, RingEveryOpDtypeAndCount) {
 TEST_P(Worlds, DirectEveryOpDtypeAndCount) {
   const int n = GetParam();
   NetGroup g(n, kNeverRing);
-  for (size_t count : {size_t(0), size_t(1), size_t(7), size_t(1023)}) checkAll(g, n, count);
+  // Note [Eager data]: 64 elements are the inline area exactly for 4-byte
+  // dtypes and twice it for 8-byte ones (a step-1 message).
+  for (size_t count : {size_t(0), size_t(1), size_t(7), size_t(64), size_t(1023)}) {
+    checkAll(g, n, count);
+  }
 }
 
 // The same algorithms over the shared-memory message transport: the
@@ -273,7 +278,9 @@ void expectMismatch(int n, const OpDesc& good, const OpDesc& bad,
     NetComm& c = *g.comms[r];
     OpDesc d = r == 1 ? bad : good;
     d.deadline = testing::after(10000);
-    std::vector<uint8_t> buf(64 * 8 + 64, 1);
+    // The whole op's bytes: a direct allreduce sends its input eagerly,
+    // before the check that fails it (Note [Eager data]).
+    std::vector<uint8_t> buf(std::max<size_t>(64 * 8 + 64, d.bytes()), 1);
     std::vector<void*> outs(n, buf.data());
     try {
       if (!d.localError.empty()) {
@@ -316,6 +323,8 @@ TEST(NetErrors, HeaderMismatchesFailEveryRankAndKeepTheGroup) {
   // Note [Eager data]: one side sends no data, the other does; or a ring vs a direct op
   expectMismatch(3, d(OpKind::kAllreduce, 8), d(OpKind::kAllreduce, 0), {"shape [8]", "[0]"});
   expectMismatch(3, d(OpKind::kAllreduce, 8), d(OpKind::kAllreduce, 1 << 20), {"[1048576]"});
+  // data inside the header message against data in a message of its own
+  expectMismatch(3, d(OpKind::kAllreduce, 8), d(OpKind::kAllreduce, 1000), {"shape [8]", "[1000]"});
   expectMismatch(3, d(OpKind::kAllreduce, 8), d(OpKind::kAllreduce, 8, DataType::kInt32),
                  {"float32", "int32"});
   expectMismatch(3, d(OpKind::kAllreduce, 8), d(OpKind::kBroadcast, 8), {"allreduce", "broadcast"});

@@ -14,7 +14,7 @@ void allreduce(NetComm& c, const OpDesc& op, const void* in, void* out) {
   allreduceDirect(c, op, in, out);
 }
 
-// Every rank sends its input to every peer, behind its header (Note [Eager
+// Every rank sends its input to every peer, with its header (Note [Eager
 // data]), and reduces all n inputs in rank order: one latency, (n-1) x the
 // buffer sent per rank, the same bits on every rank as the shm one-shot path.
 void allreduceDirect(NetComm& c, const OpDesc& op, const void* in, void* out) {
@@ -24,8 +24,10 @@ void allreduceDirect(NetComm& c, const OpDesc& op, const void* in, void* out) {
   uint8_t* peers = c.scratch(bytes * n);
   std::vector<const void*> srcs(n);
   for (int r = 0; r < n; ++r) {
-    srcs[r] = r == me ? in : peers + r * bytes;
-    if (r != me) c.recv(r, 1, peers + r * bytes, bytes);
+    srcs[r] = r == me ? in : c.inlineData(r);
+    if (srcs[r]) continue;
+    srcs[r] = peers + r * bytes;
+    c.recv(r, 1, peers + r * bytes, bytes);
   }
   c.wait();
   if (op.count) reduceAll(op, out, srcs.data(), n, op.count);

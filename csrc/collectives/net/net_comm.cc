@@ -29,7 +29,7 @@ constexpr uint32_t kNetMagic = 0x6e686472;  // "nhdr"
 struct NetHeader {
   OpHeader op;  // compared by checkOpHeader (Note [Op headers])
   uint32_t algo;
-  uint32_t reserved;
+  uint32_t eagerInline;  // the eager data are in the header message's inline area
   uint64_t ringMin;     // BRAID_NET_ALLREDUCE_RING_MIN
   uint64_t hierMin;     // BRAID_HIER_MIN_BYTES (hier/hier_group.cc)
   uint64_t hierPiece;   // BRAID_HIER_PIPELINE_BYTES (hier/hier_group.cc)
@@ -154,12 +154,20 @@ void NetComm::abandon(const std::string& msg, bool timeout, bool lost) {
 
 // Note [Eager data]
 // A small allreduce would cost two latencies: the header exchange, then the
-// data. Instead each rank sends its data right behind its header, before it
-// has seen anyone's (the eager protocol of MPI's small messages): the data
-// waits in the receiver's transport as an unexpected message until the check
-// passed and its receive is posted, so the op costs one latency. When the
-// check fails, the ranks that sent data said so in their headers (eager, with
-// the size in count), and every receiver takes exactly those messages before
+// data. Instead each rank sends its data with its header, before it has seen
+// anyone's (the eager protocol of MPI's small messages), so the op costs one
+// latency. Up to kInlineBytes the data travel inside the header message: the
+// all-to-all exchange sends every header with an inline area of that size,
+// whatever the op. Two messages cost the receiver two wake-ups whenever the
+// second lands after its progress thread took the first: at 2 hosts x 1 rank
+// a 4 B allreduce took 127-153 us as two messages and 95-120 us as one, and a
+// 4 B broadcast, which rides in the root's header, 141-152 us as a tree and
+// 86-114 us inline (benchmarks/results/hosts-inline.txt). The area costs 256
+// bytes more per header. Larger data follow the header as a message of their own on step 1,
+// and wait in the receiver's transport as an unexpected message until the
+// check passed and the receive is posted. When the check fails, the ranks
+// that sent data said so in their headers (eager, with the size and whether
+// it was inline), and every receiver takes exactly the step-1 messages before
 // it throws: no message is left behind and the group stays usable. A rank
 // that failed its argument checks sends a header alone.
 void NetComm::beginEager(const OpDesc& op, NetAlgo algo, const void* eager) {
@@ -199,14 +207,17 @@ void NetComm::checkedExchange(const OpDesc& op, NetAlgo algo, const void* eager)
 }
 
 void NetComm::consumeEager(const std::vector<uint8_t>& headers, size_t hb) {
+  // Step-1 data only: inline data came with the header.
+  auto following = [&](int p) {
+    const NetHeader* h = reinterpret_cast<const NetHeader*>(headers.data() + p * hb);
+    return p == rank_ || h->eagerInline ? uint64_t(0) : h->eagerBytes;
+  };
   size_t total = 0;
-  for (int p = 0; p < size_; ++p) {
-    if (p != rank_) total += reinterpret_cast<const NetHeader*>(headers.data() + p * hb)->eagerBytes;
-  }
+  for (int p = 0; p < size_; ++p) total += following(p);
   uint8_t* sink = scratch(total);
   for (int p = 0; p < size_; ++p) {
-    const uint64_t b = reinterpret_cast<const NetHeader*>(headers.data() + p * hb)->eagerBytes;
-    if (p == rank_ || !b) continue;
+    const uint64_t b = following(p);
+    if (!b) continue;
     recv(p, 1, sink, b);
     sink += b;
   }
@@ -226,6 +237,9 @@ void NetComm::exchangeHeaders(const OpDesc& op, NetAlgo algo, const void* eager)
   h->hierMin = cfg_.hierMinBytes;
   h->hierPiece = cfg_.hierPieceBytes;
   h->eagerBytes = eager ? op.bytes() : 0;
+  // The relay carries fixed blocks of its own (Note [Op headers across hosts]).
+  const bool inlined = eager && inlines() && op.bytes() <= kInlineBytes;
+  h->eagerInline = inlined;
   h->allreduceOneShotMax = cfg_.local.allreduceOneShotMax;
   h->reduceOneShotMax = cfg_.local.reduceOneShotMax;
   h->directMin = cfg_.local.directMinBytes;
@@ -240,8 +254,10 @@ void NetComm::exchangeHeaders(const OpDesc& op, NetAlgo algo, const void* eager)
   if (relay_) {
     relayHeaders(op, all.data(), hb, eager);
   } else {
-    allToAllHeaders(all.data(), hb, eager, op.bytes());
+    allToAllHeaders(all.data(), hb, eager, op.bytes(), inlined);
   }
+  inlineFrom_.assign(n, 0);
+  for (int p = 0; p < n; ++p) inlineFrom_[p] = p != rank_ && at(p)->eagerInline;
   try {
     checkHeaders(op, all.data(), hb);
   } catch (const Error&) {
@@ -277,25 +293,43 @@ bool NetComm::agree(const OpDesc& op, const uint8_t* all, size_t hb,
   }
 }
 
-void NetComm::allToAllHeaders(uint8_t* all, size_t hb, const void* eager, size_t eagerBytes) {
+const uint8_t* NetComm::inlineData(int r) const {
+  return r >= 0 && r < static_cast<int>(inlineFrom_.size()) && inlineFrom_[r]
+             ? wire_.data() + r * wireStride_ + wireStride_ - kInlineBytes
+             : nullptr;
+}
+
+void NetComm::allToAllHeaders(uint8_t* all, size_t hb, const void* eager, size_t eagerBytes,
+                              bool inlined) {
   const int n = size_;
+  // Each message: the header, padded to 64 bytes so that the inline data are
+  // aligned for any dtype, then the inline area (Note [Eager data]).
+  const size_t padded = (hb + 63) / 64 * 64;
+  wireStride_ = padded + kInlineBytes;
+  if (wire_.size() < n * wireStride_) wire_.resize(n * wireStride_);
   for (int p = 0; p < n; ++p) {
-    if (p != rank_) recv(p, 0, all + p * hb, hb);
+    if (p != rank_) recv(p, 0, wire_.data() + p * wireStride_, wireStride_);
   }
-  const uint8_t* h = all + rank_ * hb;
-  // Each peer's header, then at once its eager data: back to back, the two
-  // usually reach the peer in one wake-up of its progress thread (all the
-  // headers first cost it about one more per peer).
+  uint8_t* mine = wire_.data() + rank_ * wireStride_;
+  std::memcpy(mine, all + rank_ * hb, hb);
+  std::memset(mine + hb, 0, wireStride_ - hb);  // no stale bytes on the wire
+  if (inlined && eagerBytes) std::memcpy(mine + padded, eager, eagerBytes);
+  // Each peer's header, then at once any eager data that did not fit inline:
+  // back to back, the two often reach the peer in one wake-up of its progress
+  // thread (all the headers first would cost it one more per peer).
   std::vector<size_t> headerOps;
   for (int p = 0; p < n; ++p) {
     if (p == rank_) continue;
     headerOps.push_back(posted());
-    send(p, 0, h, hb);
-    if (eager) send(p, 1, eager, eagerBytes);
+    send(p, 0, mine, wireStride_);
+    if (eager && !inlined) send(p, 1, eager, eagerBytes);
   }
   for (size_t i = 0; i < size_t(n - 1); ++i) waitPosted(i);  // the header receives
   for (size_t i : headerOps) waitPosted(i);
-  if (!eager) pending_.clear();
+  if (!eager || inlined) pending_.clear();
+  for (int p = 0; p < n; ++p) {
+    if (p != rank_) std::memcpy(all + p * hb, wire_.data() + p * wireStride_, hb);
+  }
 }
 
 void NetComm::checkHeaders(const OpDesc& op, const uint8_t* all, size_t hb,

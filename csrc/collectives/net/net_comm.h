@@ -45,7 +45,8 @@
 // float32 (twice the bytes in the reduce-scatter half) and round once, as the
 // shm path does (Note [Reduced-precision accumulation]); gloo's ring rounds at
 // every hop. reduce_scatter and reduce use the same ring (reduce then sends
-// each block to the root); broadcast is a binomial tree (log2(n) latencies;
+// each block to the root); broadcast rides in the root's header up to
+// kInlineBytes (Note [Eager data]), else a binomial tree (log2(n) latencies;
 // a pipelined chain or scatter + allgather would move large buffers faster
 // across many hosts); allgather is a ring; alltoall posts every receive, then
 // the sends in pairwise order ((me + s) mod n); gather/scatter go straight
@@ -137,10 +138,19 @@ class NetComm {
   // failed its checks, after telling the peers; a reduction the kernels do
   // not support, kPremulSum included, fails the same way on every rank).
   void begin(const OpDesc& op, NetAlgo algo);
-  // begin() that also sends op.bytes() of `eager` to every peer on step 1,
-  // right behind the header, without waiting for the check (Note [Eager
-  // data]); the caller then posts the step-1 receives and wait()s.
+  // begin() that also sends op.bytes() of `eager` to every peer without
+  // waiting for the check (Note [Eager data]): inside the header message up
+  // to kInlineBytes, else on step 1 right behind it. Then, for each peer,
+  // either inlineData(peer) points at its data or the caller posts its
+  // step-1 receive; then wait()s.
   void beginEager(const OpDesc& op, NetAlgo algo, const void* eager);
+  static constexpr size_t kInlineBytes = 256;
+  // Whether eager data of up to kInlineBytes travel inline (the same on every
+  // rank: not while headers go through a HeaderRelay).
+  bool inlines() const { return !relay_; }
+  // Rank `r`'s eager data if it came inside its header (valid until the next
+  // op), else null.
+  const uint8_t* inlineData(int r) const;
   // Numbers an op whose agreement is checked elsewhere and posts nothing: a
   // HeaderRelay's own messages (Note [Op headers across hosts]).
   void beginUnchecked(const OpDesc& op) { start(op); }
@@ -182,7 +192,8 @@ class NetComm {
   // requests and throws msg as a timeout, a lost peer or an Error.
   [[noreturn]] void abandon(const std::string& msg, bool timeout, bool lost);
   void relayHeaders(const OpDesc& op, uint8_t* all, size_t hb, const void* eager);
-  void allToAllHeaders(uint8_t* all, size_t hb, const void* eager, size_t eagerBytes);
+  void allToAllHeaders(uint8_t* all, size_t hb, const void* eager, size_t eagerBytes,
+                       bool inlined);
   void exchangeHeaders(const OpDesc& op, NetAlgo algo, const void* eager);
   // Throws at the first difference (Note [Collectives over messages]);
   // `only`: compares those ranks' headers alone (agree()).
@@ -204,6 +215,11 @@ class NetComm {
   OpDesc cur_;
   std::vector<Pending> pending_;
   std::vector<uint8_t> scratch_, workspace_;
+  // The header messages of the all-to-all exchange, each header followed by
+  // its inline area (Note [Eager data]); kept between ops.
+  std::vector<uint8_t> wire_;
+  size_t wireStride_ = 0;
+  std::vector<uint8_t> inlineFrom_;  // by rank: this op's eager data came inline
   std::string broken_;
   HeaderRelay* relay_ = nullptr;
 };
