@@ -75,7 +75,9 @@ const char* netAlgoName(NetAlgo a) {
 }
 
 NetComm::NetComm(transport::Transport& t, std::optional<NetConfig> cfg)
-    : t_(t), rank_(t.rank()), size_(t.size()), cfg_(cfg ? *cfg : NetConfig::fromEnv(rank_)) {}
+    : t_(t), rank_(t.rank()), size_(t.size()), cfg_(cfg ? *cfg : NetConfig::fromEnv(rank_)) {
+  for (int p = 0; p < size_; ++p) everyone_.push_back(p);
+}
 
 NetComm::~NetComm() = default;
 
@@ -337,11 +339,7 @@ void NetComm::checkHeaders(const OpDesc& op, const uint8_t* all, size_t hb,
   const int n = size_;
   auto at = [&](int r) { return reinterpret_cast<const NetHeader*>(all + r * hb); };
   auto sizes = [&](int r) { return reinterpret_cast<const uint64_t*>(all + r * hb + sizeof(NetHeader)); };
-  std::vector<int> everyone;
-  if (!only) {
-    for (int p = 0; p < n; ++p) everyone.push_back(p);
-  }
-  const std::vector<int>& ranks = only ? *only : everyone;
+  const std::vector<int>& ranks = only ? *only : everyone_;
   const NetHeader* h = at(rank_);
   const NetAlgo algo = static_cast<NetAlgo>(h->algo);
   // Note [Op headers]: every rank checks in the same order, so every rank

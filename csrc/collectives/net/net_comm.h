@@ -210,6 +210,7 @@ class NetComm {
   const int rank_;
   const int size_;
   const NetConfig cfg_;
+  std::vector<int> everyone_;  // 0 .. size() - 1, for checkHeaders
   uint64_t opSeq_ = 0;
   const char* opName_ = "";
   OpDesc cur_;
