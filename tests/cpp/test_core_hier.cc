@@ -205,6 +205,13 @@ TEST(Hier, OtherCollectivesEitherSideOfTheThreshold) {
   checkOthers({0, 0, 1, 1}, {1001, 70001});
 }
 
+// Note [Small broadcast across hosts]: up to 512 bytes a broadcast rides on
+// the header relay (128 elements of 4 bytes exactly), above it the tree; every
+// dtype, roots on every host.
+TEST(Hier, SmallOpsAcrossThreeHosts) {
+  checkOthers({0, 1, 2, 0, 1, 2}, {0, 1, 7, 128, 129});
+}
+
 // A rank that leaves in the middle of a pipelined allreduce (its group
 // aborted from another thread, as a shutdown does, so its peers see its
 // sockets close as when its host goes away) fails every rank
@@ -402,6 +409,15 @@ TEST(Hier, MismatchWithinAHostFailsEveryRankAndKeepsTheGroup) {
       fails("allreduce", [&] {
         g.allreduce(desc(OpKind::kAllreduce, count, DataType::kFloat32), in.data(), out.data());
       }, std::to_string(base).c_str(), std::to_string(base + 1).c_str());
+    }
+    // A broadcast that rides the relay against one that does too (10 and 20
+    // elements) and against one that takes the tree (100 and 200).
+    for (size_t base : {size_t(10), size_t(100)}) {
+      const size_t count = r == 1 ? 2 * base : base;
+      std::vector<float> v(count, 1.0f);
+      fails("broadcast count", [&] {
+        g.broadcast(desc(OpKind::kBroadcast, count, DataType::kFloat32, 0), v.data());
+      }, std::to_string(base).c_str(), std::to_string(2 * base).c_str());
     }
     std::vector<int32_t> buf(10, r);
     fails("broadcast", [&] {

@@ -157,6 +157,7 @@ void HierGroup::allreduce(const OpDesc& op, const void* in, void* out) {
 }
 
 void HierGroup::broadcast(const OpDesc& op, void* buf) {
+  if (broadcastRides(op)) return broadcastSmall(op, buf);
   if (!staged(op)) return net::broadcast(*world_, op, buf);
   world_->begin(op, net::NetAlgo::kHier);
   broadcastStages(op, buf);

@@ -109,12 +109,17 @@ class HierGroup : public Group, private net::HeaderRelay {
   // across hosts], hier/relay.cc); set when the group has local and cross groups.
   void relay(const OpDesc& op, uint8_t* all, size_t hb) override;
   void relaySteps(const OpDesc& op, uint8_t* all, size_t hb);
-  // A small allreduce's host sum, between the relay's steps (or why none).
+  // A small allreduce's host sum, or a small broadcast's data on the root's
+  // host, between the relay's steps (or why none).
   Trailer hostSum(const OpDesc& op, const uint8_t* all, size_t hb,
                   const uint8_t* gathered, size_t gb);
   std::string relayHead(const OpDesc& op, const std::string& where) const;
   // Note [Small allreduce across hosts] (hier/relay.cc).
   void allreduceSmall(const OpDesc& op, const void* in, void* out);
+  // Whether a broadcast is small enough to ride on the relay, and the ride
+  // (Note [Small broadcast across hosts], hier/relay.cc).
+  bool broadcastRides(const OpDesc& op) const;
+  void broadcastSmall(const OpDesc& op, void* buf);
   // Whether op runs in stages (Note [Collectives across hosts]).
   bool staged(const OpDesc& op) const;
   void allreduceStages(const OpDesc& op, const void* in, void* out);  // hier/allreduce.cc
@@ -136,7 +141,8 @@ class HierGroup : public Group, private net::HeaderRelay {
   // reduce and reduce-scatter), kept between ops: a fresh zeroed buffer cost a
   // memset and a page fault per 4 KiB of every op (ops run one at a time).
   std::vector<uint8_t> staging_;
-  Rider* rider_ = nullptr;  // a small allreduce, during its header exchange
+  std::vector<uint8_t> relayBuf_;  // the relay's blocks and bundles (hier/relay.cc)
+  Rider* rider_ = nullptr;  // a small allreduce or broadcast, during its header exchange
 };
 
 }  // namespace collectives

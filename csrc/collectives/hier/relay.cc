@@ -38,6 +38,16 @@
 // was sent, whatever the check then says. If the host's shared-memory
 // allreduce fails (it has checks of its own), its ranks throw that error and
 // every other rank an error naming the host; the group stays usable.
+//
+// Note [Small broadcast across hosts]
+// A broadcast of up to kInline bytes rides the same way: the root puts its
+// buffer in its step-1 block, so its host mates have it once the host's
+// headers are in; if they agree, the root's host puts it in its step-2
+// bundles, and after the check every other rank copies it from the bundle of
+// the root's host. One network latency, as the small allreduce, where the
+// world's tree took the relay and then log2(n) more (2 x 2 hosts, 4 B:
+// benchmarks/results/hosts-inline.txt). Larger broadcasts below
+// BRAID_HIER_MIN_BYTES still take the tree.
 #include <algorithm>
 #include <cstring>
 #include <vector>
@@ -95,28 +105,34 @@ void HierGroup::relaySteps(const OpDesc& op, uint8_t* all, size_t hb) {
   if (staging_.size() < H * bytes) staging_.resize(H * bytes);  // every host's sum
 
   // Step 1: this rank's header, and a tiny allreduce's input, to its host mates.
+  // The blocks and bundles are kept between ops (ops run one at a time);
+  // what this rank sends is zeroed first, so no stale bytes travel.
   const size_t gb = hb + kInline;
-  std::vector<uint8_t> mine(gb, 0), gathered(L * gb);
-  std::memcpy(mine.data(), all + rank() * hb, hb);
-  if (rider_ && bytes <= kInline) copyBytes(mine.data() + hb, rider_->in, bytes);
+  const size_t bb = L * hb + sizeof(Trailer) + kInline;
+  relayBuf_.resize(gb + L * gb + H * bb);
+  uint8_t* const mine = relayBuf_.data();
+  uint8_t* const gathered = mine + gb;
+  std::memset(mine, 0, gb);
+  std::memcpy(mine, all + rank() * hb, hb);
+  if (rider_ && rider_->in && bytes <= kInline) copyBytes(mine + hb, rider_->in, bytes);
   std::vector<void*> outs(L);
-  for (int j = 0; j < L; ++j) outs[j] = gathered.data() + j * gb;
+  for (int j = 0; j < L; ++j) outs[j] = gathered + j * gb;
   OpDesc gather = hier::stageOp(op, OpKind::kAllgather, ReduceOp::kSum, gb);
   gather.dtype = DataType::kUInt8;
   hier::stage([&] { return relayHead(op, hier::withinHost(topo_, "gathering op headers")); },
-              [&] { local_->allgather(gather, mine.data(), outs.data()); });
+              [&] { local_->allgather(gather, mine, outs.data()); });
   for (int j = 0; j < L; ++j) std::memcpy(all + mates[j] * hb, outs[j], hb);
 
-  const Trailer t = hostSum(op, all, hb, gathered.data(), gb);
+  const Trailer t = hostSum(op, all, hb, gathered, gb);
 
   // Step 2: the host's headers (and sum) to local rank l of every other host.
-  const size_t bb = L * hb + sizeof(Trailer) + kInline;
-  std::vector<uint8_t> bundles(H * bb);
-  auto bundle = [&](int k) { return bundles.data() + k * bb; };
+  uint8_t* const bundles = gathered + L * gb;
+  auto bundle = [&](int k) { return bundles + k * bb; };
   auto inlined = [&](int k) { return bundle(k) + L * hb + sizeof(Trailer); };
   const bool sent = t.state == static_cast<uint64_t>(SumState::kSent);
   for (int j = 0; j < L; ++j) std::memcpy(bundle(h) + j * hb, all + mates[j] * hb, hb);
   std::memcpy(bundle(h) + L * hb, &t, sizeof t);
+  std::memset(inlined(h), 0, kInline);
   if (sent && bytes <= kInline) copyBytes(inlined(h), staging_.data() + h * bytes, bytes);
   hier::stage([&] { return relayHead(op, hier::acrossHosts(topo_, "sending op headers")); }, [&] {
     cross_->beginUnchecked(op);
@@ -170,6 +186,13 @@ HierGroup::Trailer HierGroup::hostSum(const OpDesc& op, const uint8_t* all, size
   const int L = local_->size();
   const size_t bytes = o.bytes();
   uint8_t* sum = staging_.data() + topo_.host() * bytes;
+  if (o.kind == OpKind::kBroadcast) {  // Note [Small broadcast across hosts]
+    if (topo_.hostOf(o.root) != topo_.host()) return {static_cast<uint64_t>(SumState::kNone), 0};
+    const std::vector<int>& mates = topo_.ranksOn(topo_.host());
+    const size_t lr = std::find(mates.begin(), mates.end(), o.root) - mates.begin();
+    copyBytes(sum, gathered + lr * gb + hb, bytes);
+    return {static_cast<uint64_t>(SumState::kSent), bytes};
+  }
   if (bytes <= kInline) {  // the inputs came with the headers: reduce in local rank order
     std::vector<const void*> ins(L);
     for (int j = 0; j < L; ++j) ins[j] = gathered + j * gb + hb;
@@ -220,6 +243,27 @@ void HierGroup::allreduceSmall(const OpDesc& op, const void* in, void* out) {
   for (int k = 0; k < H; ++k) sums[k] = staging_.data() + k * bytes;
   reduce::reduceN(op.dtype, kernelOp(op.redop), out, sums.data(), H, op.count);
   if (op.redop == ReduceOp::kAvg) reduce::divide(op.dtype, out, out, size(), op.count);
+}
+
+bool HierGroup::broadcastRides(const OpDesc& op) const {
+  return local_ && op.kind == OpKind::kBroadcast && op.bytes() <= kInline && !staged(op);
+}
+
+void HierGroup::broadcastSmall(const OpDesc& op, void* buf) {
+  // Only the root's buffer travels (Note [Small broadcast across hosts]).
+  Rider rider{&op, rank() == op.root ? buf : nullptr, {}, {}};
+  rider_ = &rider;
+  struct Off {
+    Rider*& r;
+    ~Off() { r = nullptr; }
+  } off{rider_};
+  world_->begin(op, net::NetAlgo::kHierDirect);
+  if (rank() == op.root || op.count == 0) return;
+  const int hr = topo_.hostOf(op.root);
+  // The check passed, so the root's host agreed and sent its buffer.
+  BRAID_ENFORCE(rider.states[hr] == SumState::kSent, "broadcast", rank(), "op #",
+                world_->opCount(), ": the root's host sent no data");
+  copyBytes(buf, staging_.data() + hr * op.bytes(), op.bytes());
 }
 
 }  // namespace collectives
