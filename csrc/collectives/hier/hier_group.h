@@ -114,6 +114,8 @@ class HierGroup : public Group, private net::HeaderRelay {
   Trailer hostSum(const OpDesc& op, const uint8_t* all, size_t hb,
                   const uint8_t* gathered, size_t gb);
   std::string relayHead(const OpDesc& op, const std::string& where) const;
+  // Begins op on the world group with `rider` riding on the relay.
+  void ride(const OpDesc& op, Rider& rider);
   // Note [Small allreduce across hosts] (hier/relay.cc).
   void allreduceSmall(const OpDesc& op, const void* in, void* out);
   // Whether a broadcast is small enough to ride on the relay, and the ride

@@ -218,14 +218,18 @@ HierGroup::Trailer HierGroup::hostSum(const OpDesc& op, const uint8_t* all, size
   }
 }
 
-void HierGroup::allreduceSmall(const OpDesc& op, const void* in, void* out) {
-  Rider rider{&op, in, {}, {}};
+void HierGroup::ride(const OpDesc& op, Rider& rider) {
   rider_ = &rider;
   struct Off {
     Rider*& r;
     ~Off() { r = nullptr; }
   } off{rider_};
   world_->begin(op, net::NetAlgo::kHierDirect);
+}
+
+void HierGroup::allreduceSmall(const OpDesc& op, const void* in, void* out) {
+  Rider rider{&op, in, {}, {}};
+  ride(op, rider);
   // The check passed: every host ran the same op and summed it, unless its
   // shared-memory stage failed (Note [Small allreduce across hosts]).
   if (!rider.localError.empty()) throw Error(rider.localError);
@@ -252,12 +256,7 @@ bool HierGroup::broadcastRides(const OpDesc& op) const {
 void HierGroup::broadcastSmall(const OpDesc& op, void* buf) {
   // Only the root's buffer travels (Note [Small broadcast across hosts]).
   Rider rider{&op, rank() == op.root ? buf : nullptr, {}, {}};
-  rider_ = &rider;
-  struct Off {
-    Rider*& r;
-    ~Off() { r = nullptr; }
-  } off{rider_};
-  world_->begin(op, net::NetAlgo::kHierDirect);
+  ride(op, rider);
   if (rank() == op.root || op.count == 0) return;
   const int hr = topo_.hostOf(op.root);
   // The check passed, so the root's host agreed and sent its buffer.

@@ -195,8 +195,11 @@ class Matrix:
     # ---- rooted and gathering collectives ------------------------------------------------------
     def broadcast(self):
         for root in range(self.n):
-            for name, count in (("float32", 1001), ("int64", 0), ("float16", 70001),
-                                ("uint8", LARGE)):
+            # int32 x 7 rides in the root's header (Note [Eager data], Note [Small broadcast
+            # across hosts]); float64 x 64 is 512 bytes: on the relay where hosts have groups,
+            # past the header's inline area elsewhere.
+            for name, count in (("int32", 7), ("float64", 64), ("float32", 1001), ("int64", 0),
+                                ("float16", 70001), ("uint8", LARGE)):
                 self.start(f"broadcast dtype={name} count={count} root={root}")
                 dtype = self.dt(name)
                 mine = H.pattern(root, 1, count, dtype) if self.rank == root else \
@@ -629,10 +632,12 @@ class Matrix:
         t = torch.ones(LARGE, dtype=torch.float64 if odd else torch.float32)
         self.expect_error(lambda: dist.all_reduce(t, group=self.braid), r"all_?reduce",
                           "float32", "float64")
-        self.start("mismatch broadcast: root 0 on host 0, root n-1 on the last host")
-        t = torch.ones(1001)
-        self.expect_error(lambda: dist.broadcast(t, self.n - 1 if odd else 0, group=self.braid),
-                          "broadcast", "root")
+        for count in (7, 1001):  # riding with the headers, and not
+            self.start(f"mismatch broadcast: root 0 on host 0, root n-1 on the last host, "
+                       f"count={count}")
+            t = torch.ones(count)
+            self.expect_error(lambda: dist.broadcast(t, self.n - 1 if odd else 0, group=self.braid),
+                              "broadcast", "root")
         self.start("mismatch: all_reduce on host 0, broadcast on the last host")
         t = torch.ones(1001)
         self.expect_error(lambda: dist.broadcast(t, 0, group=self.braid) if odd else
