@@ -325,6 +325,8 @@ TEST(NetErrors, HeaderMismatchesFailEveryRankAndKeepTheGroup) {
   expectMismatch(3, d(OpKind::kAllreduce, 8), d(OpKind::kAllreduce, 1 << 20), {"[1048576]"});
   // data inside the header message against data in a message of its own
   expectMismatch(3, d(OpKind::kAllreduce, 8), d(OpKind::kAllreduce, 1000), {"shape [8]", "[1000]"});
+  expectMismatch(3, d(OpKind::kReduce, 8), d(OpKind::kReduce, 1000), {"shape [8]", "[1000]"});
+  expectMismatch(3, d(OpKind::kBroadcast, 8), d(OpKind::kBroadcast, 1000), {"shape [8]", "[1000]"});
   expectMismatch(3, d(OpKind::kAllreduce, 8), d(OpKind::kAllreduce, 8, DataType::kInt32),
                  {"float32", "int32"});
   expectMismatch(3, d(OpKind::kAllreduce, 8), d(OpKind::kBroadcast, 8), {"allreduce", "broadcast"});

@@ -15,7 +15,7 @@ namespace net {
 // every rank at once (Note [Eager data]): one latency whatever n.
 void broadcast(NetComm& c, const OpDesc& op, void* buf) {
   const size_t bytes = op.bytes();
-  if (c.inlines() && bytes <= NetComm::kInlineBytes) {
+  if (c.fitsInline(op)) {
     c.beginEager(op, NetAlgo::kDirect, c.rank() == op.root ? buf : nullptr);
     if (c.rank() != op.root && bytes) {
       const uint8_t* data = c.inlineData(op.root);  // the check passed: the root sent it

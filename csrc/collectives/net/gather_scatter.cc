@@ -5,10 +5,20 @@ namespace collectives {
 namespace net {
 
 // Straight to the root: the root's link carries (n-1) blocks either way; a
-// tree would only save latency at many ranks.
+// tree would only save latency at many ranks. Blocks that fit the header's
+// inline area ride in the headers (Note [Eager data]).
 void gather(NetComm& c, const OpDesc& op, const void* in, void* const* outs) {
-  c.begin(op, NetAlgo::kDirect);
   const int me = c.rank();
+  if (c.fitsInline(op)) {
+    c.beginEager(op, NetAlgo::kDirect, in);
+    if (me != op.root) return;
+    for (int r = 0; r < c.size(); ++r) {
+      const void* block = r == me ? in : c.inlineData(r);
+      if (outs[r] != block) copyBytes(outs[r], block, op.bytes());
+    }
+    return;
+  }
+  c.begin(op, NetAlgo::kDirect);
   if (me != op.root) {
     c.send(op.root, 1, in, op.bytes());
   } else {

@@ -148,6 +148,10 @@ class NetComm {
   // Whether eager data of up to kInlineBytes travel inline (the same on every
   // rank: not while headers go through a HeaderRelay).
   bool inlines() const { return !relay_; }
+  // Whether op's data (op.bytes() per rank) ride inside the headers: the ops
+  // that take this path then beginEager(op, NetAlgo::kDirect, data) on every
+  // rank, with null data on a rank that has none to send.
+  bool fitsInline(const OpDesc& op) const { return inlines() && op.bytes() <= kInlineBytes; }
   // Rank `r`'s eager data if it came inside its header (valid until the next
   // op), else null.
   const uint8_t* inlineData(int r) const;

@@ -11,10 +11,20 @@ namespace net {
 // which reduces all of them in rank order; from it, a ring reduce-scatter,
 // then each rank sends its finished block to the root (each rank sends about
 // 2(n-1)/n of the buffer instead of the root receiving n-1 buffers).
+// Up to the header's inline area every input rides in its rank's header
+// (Note [Eager data]): one latency, and the root reduces in rank order.
 void reduce(NetComm& c, const OpDesc& op, const void* in, void* out) {
   const int n = c.size(), me = c.rank();
   const bool root = me == op.root;
   const size_t bytes = op.bytes(), es = elementSize(op.dtype);
+  if (c.fitsInline(op)) {
+    c.beginEager(op, NetAlgo::kDirect, in);
+    if (!root || !op.count) return;
+    std::vector<const void*> srcs(n);
+    for (int r = 0; r < n; ++r) srcs[r] = r == me ? in : c.inlineData(r);
+    reduceAll(op, out, srcs.data(), n, op.count);
+    return;
+  }
   if (bytes < c.config().allreduceRingMin) {
     c.begin(op, NetAlgo::kDirect);
     if (!root) {
