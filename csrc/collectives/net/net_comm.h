@@ -45,12 +45,14 @@
 // float32 (twice the bytes in the reduce-scatter half) and round once, as the
 // shm path does (Note [Reduced-precision accumulation]); gloo's ring rounds at
 // every hop. reduce_scatter and reduce use the same ring (reduce then sends
-// each block to the root); broadcast rides in the root's header up to
-// kInlineBytes (Note [Eager data]), else a binomial tree (log2(n) latencies;
+// each block to the root); broadcast is a binomial tree (log2(n) latencies;
 // a pipelined chain or scatter + allgather would move large buffers faster
 // across many hosts); allgather is a ring; alltoall posts every receive, then
 // the sends in pairwise order ((me + s) mod n); gather/scatter go straight
-// to/from the root; barrier is the header exchange alone.
+// to/from the root; barrier is the header exchange alone. Data of up to
+// kInlineBytes per rank ride inside the headers instead, in one latency: an
+// allreduce's, reduce's, allgather's and gather's inputs, a broadcast's root
+// buffer (fitsInline, Note [Eager data]).
 // What the hierarchy (collectives/hier, next) needs from this layer: an
 // allreduce of one slice of the buffer per call, whose NetComm is either the
 // leaders' group or one of several per-local-rank groups (one transport group
