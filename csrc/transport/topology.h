@@ -37,6 +37,8 @@ class Topology {
   bool singleHost() const { return hosts_.size() == 1; }
 
   int hostOf(int rank) const { return hostOf_.at(rank); }
+  // Its index among the ranks of its host (ranksOn(hostOf(rank))).
+  int localRankOf(int rank) const { return localRank_.at(rank); }
   const std::vector<int>& ranksOn(int host) const { return hosts_.at(host); }
   const std::string& identityOf(int host) const { return identities_.at(host); }
   int leaderOf(int host) const { return hosts_.at(host).front(); }

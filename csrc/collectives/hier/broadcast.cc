@@ -25,20 +25,8 @@ namespace collectives {
 // buffers go through in pieces, the TCP stage of one piece beside the
 // shared-memory stage of the next (broadcast) or the previous (reduce).
 
-namespace {
-
-int localRankOf(const transport::Topology& topo, int rank) {
-  const std::vector<int>& mates = topo.ranksOn(topo.hostOf(rank));
-  for (size_t j = 0; j < mates.size(); ++j) {
-    if (mates[j] == rank) return static_cast<int>(j);
-  }
-  return -1;  // not reached: every rank is on its host
-}
-
-}  // namespace
-
 void HierGroup::broadcastStages(const OpDesc& op, void* buf) {
-  const int hr = topo_.hostOf(op.root), lr = localRankOf(topo_, op.root);
+  const int hr = topo_.hostOf(op.root), lr = topo_.localRankOf(op.root);
   const bool crosses = local_->rank() == lr;
   const hier::Pieces pieces(op, world_->config().hierPieceBytes);
   auto* b = static_cast<uint8_t*>(buf);
@@ -68,7 +56,7 @@ void HierGroup::broadcastStages(const OpDesc& op, void* buf) {
 }
 
 void HierGroup::reduceStages(const OpDesc& op, const void* in, void* out) {
-  const int hr = topo_.hostOf(op.root), lr = localRankOf(topo_, op.root);
+  const int hr = topo_.hostOf(op.root), lr = topo_.localRankOf(op.root);
   const bool crosses = local_->rank() == lr, root = rank() == op.root;
   const ReduceOp red = hier::stageRedop(op.redop);
   const hier::Pieces pieces(op, world_->config().hierPieceBytes);

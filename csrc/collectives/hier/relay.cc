@@ -45,9 +45,9 @@
 // headers are in; if they agree, the root's host puts it in its step-2
 // bundles, and after the check every other rank copies it from the bundle of
 // the root's host. One network latency, as the small allreduce, where the
-// world's tree took the relay and then log2(n) more (2 x 2 hosts, 4 B: 211-228
-// us against 280-369, benchmarks/results/hosts-inline.txt). Larger broadcasts below
-// BRAID_HIER_MIN_BYTES still take the tree.
+// world's tree took the relay and then log2(n) more (2 x 2 hosts, 4 B:
+// 211-228 us against 280-369, benchmarks/results/hosts-inline.txt). Larger
+// broadcasts below BRAID_HIER_MIN_BYTES still take the tree.
 #include <algorithm>
 #include <cstring>
 #include <vector>
@@ -160,8 +160,9 @@ void HierGroup::relaySteps(const OpDesc& op, uint8_t* all, size_t hb) {
       // small: a larger one would have us allocate what a peer says.
       const uint64_t most = std::max<uint64_t>({world_->config().hierMinBytes, 16u * L, kInline});
       if (theirs.bytes > most) {
-        BRAID_THROW(Error, opName(op.kind), rank(), "rank ", ranks[local_->rank()], " announced a host sum of ",
-                    theirs.bytes, " bytes; a small allreduce has fewer than ", most,
+        BRAID_THROW(Error, opName(op.kind), rank(), "rank ", ranks[local_->rank()],
+                    " announced a host sum of ", theirs.bytes,
+                    " bytes; a small allreduce has fewer than ", most,
                     " (BRAID_HIER_MIN_BYTES differs, or the bundle is corrupt)");
       }
       const bool expected = rider_ && theirs.bytes == bytes;
@@ -188,9 +189,7 @@ HierGroup::Trailer HierGroup::hostSum(const OpDesc& op, const uint8_t* all, size
   uint8_t* sum = staging_.data() + topo_.host() * bytes;
   if (o.kind == OpKind::kBroadcast) {  // Note [Small broadcast across hosts]
     if (topo_.hostOf(o.root) != topo_.host()) return {static_cast<uint64_t>(SumState::kNone), 0};
-    const std::vector<int>& mates = topo_.ranksOn(topo_.host());
-    const size_t lr = std::find(mates.begin(), mates.end(), o.root) - mates.begin();
-    copyBytes(sum, gathered + lr * gb + hb, bytes);
+    copyBytes(sum, gathered + topo_.localRankOf(o.root) * gb + hb, bytes);
     return {static_cast<uint64_t>(SumState::kSent), bytes};
   }
   if (bytes <= kInline) {  // the inputs came with the headers: reduce in local rank order
