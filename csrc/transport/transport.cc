@@ -81,13 +81,13 @@ DeferredCompletions::~DeferredCompletions() {
 }
 
 void DeferredCompletions::run() {
+  // What completes now is not recorded here again (it goes to the outer one,
+  // or happens at once), so one pass empties calls_.
   DeferredCompletions* const active = innermostCompletions;
-  innermostCompletions = outer_;  // what completes now is not recorded again here
-  while (!calls_.empty()) {
-    auto calls = std::move(calls_);
-    calls_.clear();
-    for (auto& [req, error] : calls) req->complete(std::move(error));
-  }
+  innermostCompletions = outer_;
+  auto calls = std::move(calls_);
+  calls_.clear();
+  for (auto& [req, error] : calls) req->complete(std::move(error));
   innermostCompletions = active;
 }
 

@@ -165,9 +165,9 @@ void NetComm::abandon(const std::string& msg, bool timeout, bool lost) {
 // a 4 B allreduce took 127-153 us as two messages and 95-120 us as one, and a
 // 4 B broadcast, which rides in the root's header, 141-152 us as a tree and
 // 86-114 us inline (benchmarks/results/hosts-inline.txt). The area costs 256
-// bytes more per header. Larger data follow the header as a message of their own on step 1,
-// and wait in the receiver's transport as an unexpected message until the
-// check passed and the receive is posted. When the check fails, the ranks
+// bytes more per header. Larger data follow the header as a message of their
+// own on step 1, and wait in the receiver's transport as an unexpected
+// message until the check passed and the receive is posted. When the check fails, the ranks
 // that sent data said so in their headers (eager, with the size and whether
 // it was inline), and every receiver takes exactly the step-1 messages before
 // it throws: no message is left behind and the group stays usable. A rank
@@ -240,7 +240,7 @@ void NetComm::exchangeHeaders(const OpDesc& op, NetAlgo algo, const void* eager)
   h->hierPiece = cfg_.hierPieceBytes;
   h->eagerBytes = eager ? op.bytes() : 0;
   // The relay carries fixed blocks of its own (Note [Op headers across hosts]).
-  const bool inlined = eager && inlines() && op.bytes() <= kInlineBytes;
+  const bool inlined = eager && fitsInline(op);
   h->eagerInline = inlined;
   h->allreduceOneShotMax = cfg_.local.allreduceOneShotMax;
   h->reduceOneShotMax = cfg_.local.reduceOneShotMax;
@@ -353,7 +353,9 @@ void NetComm::checkHeaders(const OpDesc& op, const uint8_t* all, size_t hb,
   }
   // Note [Settings that shape an op]: a setting the op's steps depend on.
   auto sameSetting = [&](int p, const char* name, uint64_t theirs, uint64_t mine) {
-    if (theirs != mine) settingDiffers(me, rank_, p, name, std::to_string(theirs), std::to_string(mine));
+    if (theirs != mine) {
+      settingDiffers(me, rank_, p, name, std::to_string(theirs), std::to_string(mine));
+    }
   };
   for (int p : ranks) {
     const NetHeader* o = at(p);
