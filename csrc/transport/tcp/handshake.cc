@@ -98,7 +98,11 @@ Handshake::Step Handshake::advance(int fd) {
     if (state_ == State::kDecide) return Step::kVerified;
     while (inHave_ < kHandshakeBytes) {
       ssize_t n = ::recv(fd, in_ + inHave_, kHandshakeBytes - inHave_, 0);
-      if (n == 0 && !dialer_ && state_ == State::kResponse) {
+      // A dialer that gives up closes its socket; if our challenge was still
+      // unread there, its kernel resets the connection instead of closing it.
+      // Either way it left after our challenge.
+      const bool left = n == 0 || (n < 0 && errno == ECONNRESET);
+      if (left && !dialer_ && state_ == State::kResponse) {
         return fail("closed the connection after this rank's challenge (a different secret?)");
       }
       if (n == 0) return fail("closed the connection during the handshake");
