@@ -38,6 +38,10 @@ class ByteChannel {
  public:
   virtual ~ByteChannel() = default;
   virtual size_t write(const void* src, size_t n) = 0;  // returns bytes written
+  // write() without waking the reader: a message written in pieces wakes it
+  // once, with wakeReader(), when all that fits is in.
+  virtual size_t writeQuiet(const void* src, size_t n) = 0;
+  virtual void wakeReader() = 0;
   virtual size_t read(void* dst, size_t n) = 0;         // returns bytes read
   virtual size_t readable() const = 0;
   virtual size_t capacity() const = 0;

@@ -12,11 +12,21 @@ namespace braid {
 namespace transport {
 namespace shm {
 
+// Note [Waking a writer only when it waits]
+// A write wakes the reader's engine (it has bytes to take). A read used to
+// wake the writer's engine too, in case it waited for room: for a small
+// message it never does, and that wake-up cost the writer's host a context
+// switch per message for nothing. Now a writer that finds too little room
+// raises `writerWaits` and then looks at `tail` again; a reader advances
+// `tail` and then wakes the writer only if the flag was up. All four
+// accesses are sequentially consistent, so either the writer sees the room
+// made or the reader sees the flag: no wake-up is lost.
 struct alignas(64) RingHeader {
   std::atomic<uint64_t> head{0};  // bytes ever written; owned by the writer
   char pad0[56];
   std::atomic<uint64_t> tail{0};  // bytes ever read; owned by the reader
-  char pad1[56];
+  std::atomic<uint32_t> writerWaits{0};
+  char pad1[52];
 };
 
 class RingChannel : public ByteChannel {
@@ -26,13 +36,24 @@ class RingChannel : public ByteChannel {
       : h_(h), buf_(buf), cap_(cap), wakeOther_(wakeOther) {}
 
   size_t write(const void* src, size_t n) override {
+    n = writeQuiet(src, n);
+    if (n) wakeReader();
+    return n;
+  }
+
+  void wakeReader() override { wakeOther_->poke(); }
+
+  size_t writeQuiet(const void* src, size_t n) override {
     uint64_t head = h_->head.load(std::memory_order_relaxed);
     uint64_t tail = h_->tail.load(std::memory_order_acquire);
+    if (cap_ - (head - tail) < n) {  // Note [Waking a writer only when it waits]
+      h_->writerWaits.store(1, std::memory_order_seq_cst);
+      tail = h_->tail.load(std::memory_order_seq_cst);
+    }
     n = std::min<size_t>(n, cap_ - (head - tail));
     if (n == 0) return 0;
     copyRing(buf_, head % cap_, static_cast<const uint8_t*>(src), n, true);
     h_->head.store(head + n, std::memory_order_release);
-    wakeOther_->poke();
     return n;
   }
 
@@ -42,8 +63,11 @@ class RingChannel : public ByteChannel {
     n = std::min<size_t>(n, head - tail);
     if (n == 0) return 0;
     copyRing(buf_, tail % cap_, static_cast<uint8_t*>(dst), n, false);
-    h_->tail.store(tail + n, std::memory_order_release);
-    wakeOther_->poke();
+    h_->tail.store(tail + n, std::memory_order_seq_cst);
+    if (h_->writerWaits.load(std::memory_order_seq_cst) &&
+        h_->writerWaits.exchange(0, std::memory_order_seq_cst)) {
+      wakeOther_->poke();
+    }
     return n;
   }
 
