@@ -1,6 +1,7 @@
 // The message Transport's contract (transport/transport.h), checked alike on
-// both implementations: shared memory (transport/shm/transport.h) and TCP
-// over loopback (transport/tcp/transport.h), threads as ranks. What only one
+// both implementations: shared memory (transport/shm/transport.h; through
+// the rings, and with every message read in place) and TCP over loopback
+// (transport/tcp/transport.h), threads as ranks. What only one
 // of them has (authentication, framing, striping) is tested in
 // test_core_tcp.cc and test_core_tcp_faults.cc.
 #include <gtest/gtest.h>
@@ -8,6 +9,7 @@
 #include <atomic>
 #include <functional>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "core_group.h"
@@ -25,6 +27,12 @@ using transport::Transport;
 
 constexpr int kWaitMs = 10000;
 
+transport::shm::WindowOptions smallRings() {
+  transport::shm::WindowOptions w;
+  w.channelBytes = 64 << 10;  // small: large messages wrap the ring many times
+  return w;
+}
+
 std::vector<std::unique_ptr<Transport>> connectAll(const std::string& kind, int n) {
   if (kind == "tcp") {
     auto o = testing::tcpOptions("contract", 2);
@@ -32,8 +40,8 @@ std::vector<std::unique_ptr<Transport>> connectAll(const std::string& kind, int 
   }
   testing::MemoryStore store;
   std::vector<std::unique_ptr<Transport>> ts(n);
-  transport::shm::WindowOptions w;
-  w.channelBytes = 64 << 10;  // small: large messages wrap the ring many times
+  auto w = smallRings();
+  if (kind == "shm_direct") w.directMin = 1;  // every message but empty ones read in place
   runRanks(n, [&](int r) { ts[r] = transport::shm::connect(store, r, n, w); });
   return ts;
 }
@@ -177,7 +185,45 @@ TEST_P(TransportContract, CallbacksRunOnceAndMayPostTheNextOp) {
   for (auto& t : ts) t->close();
 }
 
-INSTANTIATE_TEST_SUITE_P(BothTransports, TransportContract, ::testing::Values("shm", "tcp"),
+// Note [Messages read in place]: such a send completes when its receive has
+// read it, not before; it fails, and never leaves a receive with bytes read
+// from a buffer handed back, when either side leaves first.
+TEST(ShmDirect, ASendWaitsForItsReceiveAndFailsWhenEitherSideLeaves) {
+  auto ts = connectAll("shm_direct", 3);
+  auto msg = patterned(0, 1, 1, 100000);
+  auto sent = ts[0]->isend(1, 1, msg.data(), msg.size());
+  std::this_thread::sleep_for(std::chrono::milliseconds(50));
+  EXPECT_FALSE(sent->test()) << "a send read in place completed before its receive was posted";
+  std::vector<uint8_t> in(msg.size());
+  ts[1]->irecv(0, 1, in.data(), in.size())->wait(after(kWaitMs));
+  sent->wait(after(kWaitMs));
+  EXPECT_TRUE(in == msg);
+
+  // The receiver leaves: the send fails, naming it.
+  auto toGone = ts[0]->isend(2, 2, msg.data(), msg.size());
+  ts[2]->close();
+  try {
+    toGone->wait(after(kWaitMs));
+    FAIL() << "a send to a rank that left completed";
+  } catch (const PeerLostError& e) {
+    EXPECT_NE(std::string(e.what()).find("rank 2"), std::string::npos) << e.what();
+  }
+  // The sender leaves before its message is received: the receive fails.
+  auto fromGone = ts[0]->isend(1, 3, msg.data(), msg.size());
+  std::this_thread::sleep_for(std::chrono::milliseconds(50));  // its frame is in rank 1's hands
+  ts[0]->close();
+  EXPECT_THROW(fromGone->wait(after(kWaitMs)), Error);
+  try {
+    ts[1]->irecv(0, 3, in.data(), in.size())->wait(after(kWaitMs));
+    FAIL() << "a receive read a message whose sender had left";
+  } catch (const PeerLostError& e) {
+    EXPECT_NE(std::string(e.what()).find("rank 0"), std::string::npos) << e.what();
+  }
+  for (auto& t : ts) t->close();
+}
+
+INSTANTIATE_TEST_SUITE_P(EveryTransport, TransportContract,
+                         ::testing::Values("shm", "shm_direct", "tcp"),
                          [](const auto& info) { return info.param; });
 
 }  // namespace

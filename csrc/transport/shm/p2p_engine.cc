@@ -1,6 +1,7 @@
 #include "transport/shm/p2p_engine.h"
 
 #include <algorithm>
+#include <cstddef>
 #include <cstring>
 
 #include "common/error.h"
@@ -12,12 +13,22 @@ namespace shm {
 
 namespace {
 constexpr uint32_t kFrameMagic = 0x62703270;  // "bp2p"
+// kEager: the payload follows in the ring. kDirect: the payload stays in the
+// sender's memory at `addr` (Note [Messages read in place]). kDone: the
+// receiver has read send `id`'s payload (no tag, no payload). An eager frame
+// is the first 24 bytes only, the others all 40.
+enum FrameKind : uint32_t { kEager = 0, kDirect = 1, kDone = 2 };
 struct Frame {
   uint32_t magic;
-  uint32_t reserved;
+  uint32_t kind;
   int64_t tag;  // an int tag of the backend's, or a Transport's 64-bit one (ShmTransport)
   uint64_t bytes;
+  uint64_t addr;
+  uint64_t id;
 };
+constexpr size_t kEagerFrameBytes = offsetof(Frame, addr);
+static_assert(kEagerFrameBytes == 24, "the eager frame's layout is the ring's protocol");
+size_t frameBytes(uint32_t kind) { return kind == kEager ? kEagerFrameBytes : sizeof(Frame); }
 constexpr std::chrono::milliseconds kIdleSleep{50};
 }  // namespace
 
@@ -32,6 +43,8 @@ struct P2PEngine::Send {
   std::chrono::milliseconds timeout;
   Done done;
   std::vector<uint8_t> rest;  // the payload, copied once a started send has failed
+  // Bytes it puts in the ring: a kDirect or kDone frame's payload is not there.
+  size_t ringBytes() const { return frameBytes(frame.kind) + (frame.kind == kEager ? bytes : 0); }
 };
 
 struct P2PEngine::Recv {
@@ -49,6 +62,7 @@ struct P2PEngine::Incoming {
   int src;
   Frame frame{};
   size_t frameGot = 0;
+  bool framed = false;  // all of its frame is in
   size_t got = 0;
   uint8_t* target = nullptr;   // recv buffer, or buf.data()
   std::vector<uint8_t> buf;    // unexpected or mismatched payload
@@ -59,8 +73,10 @@ struct P2PEngine::Incoming {
   transport::Clock::time_point lastProgress = transport::Clock::now();
 };
 
-P2PEngine::P2PEngine(transport::Window& window)
-    : w_(window), rank_(window.rank()), sends_(window.size()), incoming_(window.size()) {
+P2PEngine::P2PEngine(transport::Window& window, size_t directMin)
+    : w_(window), rank_(window.rank()), directMin_(window.canReadPeers() ? directMin : 0),
+      sends_(window.size()), incoming_(window.size()) {
+  for (int r = 0; r < window.size(); ++r) ringMu_.push_back(std::make_unique<std::mutex>());
   thread_ = std::thread([this] { loop(); });
   named(thread_, "braid-p2p");
 }
@@ -78,16 +94,69 @@ void P2PEngine::shutdown() {
 
 void P2PEngine::postSend(int dst, int64_t tag, const void* data, size_t bytes,
                          transport::Clock::time_point deadline, std::chrono::milliseconds timeout,
-                         Done done) {
+                         Done done, bool completeHere) {
   auto s = std::make_unique<Send>();
-  *s = Send{dst, tag, static_cast<const uint8_t*>(data), bytes, Frame{kFrameMagic, 0, tag, bytes},
+  const bool direct = directMin_ && bytes >= directMin_ && deadline == Clock::time_point::max();
+  *s = Send{dst, tag, static_cast<const uint8_t*>(data), bytes,
+            Frame{kFrameMagic, direct ? kDirect : kEager, tag, bytes,
+                  reinterpret_cast<uintptr_t>(data), 0},
             0, deadline, timeout, std::move(done), {}};
   {
     std::lock_guard<std::mutex> lock(mu_);
     BRAID_ENFORCE(!stop_, "send", rank_, "the group was shut down");
-    newSends_.push_back(std::move(s));
+    if (direct) s->frame.id = nextId_++;
+    // sendHere leaves `s` empty when it queued the rest of it.
+    if (!(!direct && completeHere && sendHere(s))) newSends_.push_back(std::move(s));
   }
-  w_.notifyActivity();
+  if (!s) {  // the engine sends it, or the rest of it
+    w_.notifyActivity();
+    return;
+  }
+  // All of it is in the ring: done, outside mu_ (not runDone: inCallback_
+  // is the engine thread's).
+  auto finished = std::move(s->done);
+  if (finished) finished(nullptr, rank_);
+}
+
+// Note [Sends from the posting thread]
+// A send handed to the engine costs a wake-up of this rank's engine thread
+// before its bytes reach the ring, and then the receiver's: on a busy host
+// the first one is as slow as the second. When nothing is queued ahead of it
+// to the same rank, the posting thread writes the message into the ring
+// itself (ringMu_ orders it with the engine's writes) and, when it all fit,
+// completes it there: only for callers without a completion callback
+// (`completeHere`: ShmTransport's requests without one), since callbacks run
+// on the engine's thread. What does not fit is left to the engine, from where
+// the poster stopped. Called with mu_ held, so no send to `dst` is waiting
+// in newSends_ unseen. True when it wrote `s`, all of it (`s` is kept, to be
+// completed) or part (`s` is queued to the engine).
+bool P2PEngine::sendHere(std::unique_ptr<Send>& s) {
+  const int dst = s->dst;
+  for (auto& q : newSends_) {
+    if (q->dst == dst) return false;
+  }
+  std::lock_guard<std::mutex> ring(*ringMu_[dst]);
+  if (!sends_[dst].empty()) return false;
+  if (!writeSome(*s)) sends_[dst].push_back(std::move(s));
+  return true;
+}
+
+bool P2PEngine::writeSome(Send& s) {
+  auto& ch = w_.to(s.dst);
+  const size_t total = s.ringBytes();
+  const size_t head = frameBytes(s.frame.kind), before = s.pos;
+  while (s.pos < total) {
+    size_t n;
+    if (s.pos < head) {
+      n = ch.writeQuiet(reinterpret_cast<const uint8_t*>(&s.frame) + s.pos, head - s.pos);
+    } else {
+      n = ch.writeQuiet(s.data + (s.pos - head), total - s.pos);
+    }
+    if (n == 0) break;
+    s.pos += n;
+  }
+  if (s.pos != before) ch.wakeReader();  // once per message (or per ring's worth)
+  return s.pos == total;
 }
 
 void P2PEngine::postRecv(int src, int64_t tag, void* data, size_t bytes,
@@ -120,28 +189,26 @@ void P2PEngine::complete(Recv& r, std::exception_ptr e, int source) {
 
 bool P2PEngine::progressSends() {
   bool moved = false;
+  std::vector<std::unique_ptr<Send>> sent;  // completed once ringMu_ is released
   for (int dst = 0; dst < static_cast<int>(sends_.size()); ++dst) {
+    std::lock_guard<std::mutex> ring(*ringMu_[dst]);
     auto& q = sends_[dst];
     while (!q.empty()) {
       Send& s = *q.front();
-      auto& ch = w_.to(dst);
-      const size_t total = sizeof(Frame) + s.bytes;
-      while (s.pos < total) {
-        size_t n;
-        if (s.pos < sizeof(Frame)) {
-          n = ch.write(reinterpret_cast<const uint8_t*>(&s.frame) + s.pos, sizeof(Frame) - s.pos);
-        } else {
-          n = ch.write(s.data + (s.pos - sizeof(Frame)), total - s.pos);
-        }
-        if (n == 0) break;
-        s.pos += n;
-        moved = true;
+      const size_t before = s.pos;
+      const bool all = writeSome(s);
+      moved |= s.pos != before;
+      if (!all) break;  // ring full: try again when the peer reads
+      if (s.frame.kind == kDirect) {
+        const uint64_t id = s.frame.id;
+        awaiting_[id] = std::move(q.front());  // completes on its kDone
+      } else {
+        sent.push_back(std::move(q.front()));
       }
-      if (s.pos < total) break;  // ring full: try again when the peer reads
-      complete(s, nullptr);
       q.pop_front();
     }
   }
+  for (auto& s : sent) complete(*s, nullptr);
   return moved;
 }
 
@@ -161,7 +228,9 @@ bool P2PEngine::matchUnexpected(Recv& r) {
   for (auto it = unexpected_.begin(); it != unexpected_.end(); ++it) {
     Incoming& m = **it;
     if (!fits(m)) continue;
-    if (m.frame.bytes != r.bytes) {
+    if (m.frame.kind == kDirect) {
+      readInPlace(m, r, m.frame.bytes != r.bytes ? sizeError(m) : nullptr);
+    } else if (m.frame.bytes != r.bytes) {
       complete(r, sizeError(m), m.src);
     } else {
       if (r.bytes) std::memcpy(r.data, m.buf.data(), r.bytes);
@@ -171,7 +240,7 @@ bool P2PEngine::matchUnexpected(Recv& r) {
     return true;
   }
   for (auto& cur : incoming_) {
-    if (!cur || cur->frameGot < sizeof(Frame) || !fits(*cur)) continue;
+    if (!cur || !cur->framed || !fits(*cur)) continue;
     if (cur->frame.bytes != r.bytes) cur->error = sizeError(*cur);
     cur->recv = &r;  // copied out of the buffer when the rest arrives
     r.matched = true;
@@ -191,13 +260,16 @@ bool P2PEngine::progressIncoming(int src) {
       cur->src = src;
     }
     Incoming& m = *cur;
-    if (m.frameGot < sizeof(Frame)) {
-      size_t n = ch.read(reinterpret_cast<uint8_t*>(&m.frame) + m.frameGot, sizeof(Frame) - m.frameGot);
-      m.frameGot += n;
-      if (n > 0) m.lastProgress = transport::Clock::now();
-      moved |= n > 0;
-      if (m.frameGot < sizeof(Frame)) return moved;
-      BRAID_ENFORCE(m.frame.magic == kFrameMagic, "recv", rank_, "corrupt message from rank ", src);
+    if (!m.framed) {
+      const size_t before = m.frameGot;
+      const bool framed = readFrame(ch, m);
+      moved |= m.frameGot != before;
+      if (!framed) return moved;
+      if (m.frame.kind == kDone) {
+        finishDirect(src, m.frame.id);
+        cur.reset();
+        continue;
+      }
       // Match against posted receives, oldest first. One past its deadline is
       // failed by failExpired, not filled: its caller may have given it up
       // (Note [A stalled progress thread]).
@@ -218,6 +290,18 @@ bool P2PEngine::progressIncoming(int src) {
           r.matched = true;
         }
         break;
+      }
+      if (m.frame.kind == kDirect) {
+        std::unique_ptr<Incoming> done = std::move(cur);
+        done->complete = true;
+        if (!done->recv) {
+          unexpected_.push_back(std::move(done));
+          continue;
+        }
+        Recv* r = done->recv;
+        readInPlace(*done, *r, done->error);
+        forget(r);
+        continue;
       }
       if (!m.target) {
         m.buf.resize(m.frame.bytes);
@@ -254,10 +338,82 @@ bool P2PEngine::progressIncoming(int src) {
   }
 }
 
+bool P2PEngine::readFrame(ByteChannel& ch, Incoming& m) {
+  for (;;) {
+    // The kind is known once the eager frame's 24 bytes are in.
+    const size_t want = m.frameGot < kEagerFrameBytes ? kEagerFrameBytes : frameBytes(m.frame.kind);
+    if (m.frameGot == want) break;
+    size_t n = ch.read(reinterpret_cast<uint8_t*>(&m.frame) + m.frameGot, want - m.frameGot);
+    if (n == 0) return false;
+    m.frameGot += n;
+    m.lastProgress = transport::Clock::now();
+    if (m.frameGot == kEagerFrameBytes) {
+      BRAID_ENFORCE(m.frame.magic == kFrameMagic && m.frame.kind <= kDone, "recv", rank_,
+                    "corrupt message from rank ", m.src);
+    }
+  }
+  m.framed = true;
+  return true;
+}
+
+void P2PEngine::readInPlace(const Incoming& m, Recv& r, std::exception_ptr error) {
+  const int src = m.src;
+  if (!error && r.bytes) {
+    std::string why;
+    try {
+      WaitContext ctx;
+      ctx.op = "recv";
+      w_.readPeer(src, m.frame.addr, r.data, r.bytes, ctx);
+    } catch (const std::exception& x) {
+      why = x.what();
+    }
+    // A sender that left may have handed its buffer back during the read.
+    std::string gone;
+    if (w_.peerGone(src, &gone)) {
+      error = std::make_exception_ptr(PeerLostError(errorText(
+          "recv", rank_, gone, " while this rank read its message with tag ", m.frame.tag)));
+    } else if (!why.empty()) {
+      error = std::make_exception_ptr(Error(errorText(
+          "recv", rank_, "reading rank ", src, "'s message with tag ", m.frame.tag, " (",
+          r.bytes, " bytes) from its memory failed: ", why)));
+    }
+  }
+  answerDone(src, m.frame.id);
+  complete(r, error, src);
+}
+
+// Ahead of the sends to `src` that have not started: the sender's buffer is
+// held until it comes.
+void P2PEngine::answerDone(int src, uint64_t id) {
+  auto s = std::make_unique<Send>();
+  s->dst = src;
+  s->frame = Frame{kFrameMagic, kDone, 0, 0, 0, id};
+  s->deadline = Clock::time_point::max();
+  std::lock_guard<std::mutex> ring(*ringMu_[src]);
+  auto& q = sends_[src];
+  auto at = q.begin();
+  if (at != q.end() && (*at)->pos > 0) ++at;
+  q.insert(at, std::move(s));
+}
+
+void P2PEngine::finishDirect(int dst, uint64_t id) {
+  auto it = awaiting_.find(id);
+  // Not there: failExpired failed it already, because `dst` left the group
+  // after it answered (and a rank that left is not heard from again).
+  if (it == awaiting_.end() || it->second->dst != dst) return;
+  std::unique_ptr<Send> s = std::move(it->second);
+  awaiting_.erase(it);
+  complete(*s, nullptr);
+}
+
 void P2PEngine::failExpired() {
   auto now = transport::Clock::now();
   std::string why;
+  // Completed once ringMu_ is released; a started one stays queued.
+  std::vector<std::pair<std::unique_ptr<Send>, std::exception_ptr>> failed;
+  std::vector<std::pair<Send*, std::exception_ptr>> timedOut;
   for (int dst = 0; dst < static_cast<int>(sends_.size()); ++dst) {
+    std::lock_guard<std::mutex> ring(*ringMu_[dst]);
     auto& q = sends_[dst];
     const bool gone = !q.empty() && w_.peerGone(dst, &why);
     for (auto it = q.begin(); it != q.end();) {
@@ -267,8 +423,8 @@ void P2PEngine::failExpired() {
         continue;
       }
       if (gone) {
-        complete(s, std::make_exception_ptr(PeerLostError(
-                        errorText("send", rank_, why, " before receiving tag ", s.tag))));
+        failed.emplace_back(std::move(*it), std::make_exception_ptr(PeerLostError(errorText(
+                                                "send", rank_, why, " before receiving tag ", s.tag))));
         it = q.erase(it);
         continue;
       }
@@ -282,15 +438,29 @@ void P2PEngine::failExpired() {
         s.data = s.rest.data();
         s.deadline = transport::Clock::time_point::max();
       }
-      complete(s, std::make_exception_ptr(TimeoutError(
-                      errorText("send", rank_, "Timed out after ", s.timeout.count(),
-                                " ms waiting for rank ", dst, " to receive tag ", s.tag))));
+      auto e = std::make_exception_ptr(TimeoutError(
+          errorText("send", rank_, "Timed out after ", s.timeout.count(),
+                    " ms waiting for rank ", dst, " to receive tag ", s.tag)));
       if (!started) {
+        failed.emplace_back(std::move(*it), e);
         it = q.erase(it);
         continue;
       }
+      timedOut.emplace_back(&s, e);
       ++it;
     }
+  }
+  for (auto& [s, e] : failed) complete(*s, e);
+  for (auto& [s, e] : timedOut) complete(*s, e);
+  for (auto it = awaiting_.begin(); it != awaiting_.end();) {
+    Send& s = *it->second;
+    if (!w_.peerGone(s.dst, &why)) {
+      ++it;
+      continue;
+    }
+    complete(s, std::make_exception_ptr(PeerLostError(
+                    errorText("send", rank_, why, " before reading tag ", s.tag))));
+    it = awaiting_.erase(it);
   }
   // A receive attached to a message still arriving fails when the sender is
   // gone; a sender that is alive always finishes (Note [Started messages]).
@@ -360,7 +530,10 @@ void P2PEngine::loop() {
     {
       std::lock_guard<std::mutex> lock(mu_);
       stop = stop_;
-      for (auto& s : newSends_) sends_[s->dst].push_back(std::move(s));
+      for (auto& s : newSends_) {
+        std::lock_guard<std::mutex> ring(*ringMu_[s->dst]);
+        sends_[s->dst].push_back(std::move(s));
+      }
       newSends_.clear();
       posted.swap(newRecvs_);
     }
@@ -400,6 +573,10 @@ void P2PEngine::loop() {
   for (auto& q : sends_) {
     for (auto& s : q) complete(*s, err("send"));
   }
+  // Their receivers must not read them once handed back (Note [Messages read
+  // in place]): they see this rank gone first.
+  if (!awaiting_.empty()) w_.markClosed();
+  for (auto& [id, s] : awaiting_) complete(*s, err("send"));
   for (auto& r : recvs_) complete(*r, err("recv"), r->src);
   std::lock_guard<std::mutex> lock(mu_);
   for (auto& s : newSends_) complete(*s, err("send"));

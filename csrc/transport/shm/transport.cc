@@ -31,22 +31,25 @@ std::exception_ptr restate(const std::string& what, std::exception_ptr e) {
 std::unique_ptr<Transport> connect(Store& store, int rank, int size, const WindowOptions& options) {
   BRAID_ENFORCE(size >= 1 && rank >= 0 && rank < size, "shm connect", rank, "rank ", rank,
                 " is not in a group of ", size);
-  return std::make_unique<ShmTransport>(ShmWindow::create(store, rank, size, options));
+  return std::make_unique<ShmTransport>(ShmWindow::create(store, rank, size, options),
+                                        options.logRank, options.directMin);
 }
 
-ShmTransport::ShmTransport(std::unique_ptr<ShmWindow> window)
-    : window_(std::move(window)), engine_(std::make_unique<P2PEngine>(*window_)) {}
+ShmTransport::ShmTransport(std::unique_ptr<ShmWindow> window, int logRank, size_t directMin)
+    : window_(std::move(window)),
+      logRank_(logRank >= 0 ? logRank : window_->rank()),
+      engine_(std::make_unique<P2PEngine>(*window_, directMin)) {}
 
 ShmTransport::~ShmTransport() { close(); }
 
 std::string ShmTransport::peerName(int rank) const {
-  return strCat("rank ", rank, " (shared memory)");
+  return strCat(window_->who(rank), " (shared memory)");
 }
 
 void ShmTransport::checkArgs(const char* op, int peer, const void* data, size_t bytes) const {
-  BRAID_ENFORCE(peer >= 0 && peer < size(), op, rank(), "peer rank ", peer,
+  BRAID_ENFORCE(peer >= 0 && peer < size(), op, logRank_, "peer rank ", peer,
                 " is not in the group of ", size());
-  BRAID_ENFORCE(data || bytes == 0, op, rank(), "null buffer for ", bytes, " bytes");
+  BRAID_ENFORCE(data || bytes == 0, op, logRank_, "null buffer for ", bytes, " bytes");
 }
 
 P2PEngine::Done ShmTransport::finisher(const std::shared_ptr<Request>& req) {
@@ -95,11 +98,14 @@ std::shared_ptr<Request> ShmTransport::submit(std::string what, Request::Callbac
 std::shared_ptr<Request> ShmTransport::isend(int dst, uint64_t tag, const void* data, size_t bytes,
                                              Request::Callback done) {
   checkArgs("shm send", dst, data, bytes);
+  // Without a callback of the caller's, it may complete on this thread (Note
+  // [Sends from the posting thread]).
+  const bool here = !done;
   return submit(
-      errorText("shm send", rank(), "to ", peerName(dst), ", tag ", tag, ", ", bytes, " bytes"),
+      errorText("shm send", logRank_, "to ", peerName(dst), ", tag ", tag, ", ", bytes, " bytes"),
       std::move(done), [&](P2PEngine::Done fin) {
         engine_->postSend(dst, static_cast<int64_t>(tag), data, bytes, Clock::time_point::max(),
-                          std::chrono::milliseconds(0), std::move(fin));
+                          std::chrono::milliseconds(0), std::move(fin), here);
       });
 }
 
@@ -107,7 +113,7 @@ std::shared_ptr<Request> ShmTransport::irecv(int src, uint64_t tag, void* data, 
                                              Request::Callback done) {
   checkArgs("shm recv", src, data, bytes);
   return submit(
-      errorText("shm recv", rank(), "from ", peerName(src), ", tag ", tag, ", ", bytes, " bytes"),
+      errorText("shm recv", logRank_, "from ", peerName(src), ", tag ", tag, ", ", bytes, " bytes"),
       std::move(done), [&](P2PEngine::Done fin) {
         engine_->postRecv(src, static_cast<int64_t>(tag), data, bytes, Clock::time_point::max(),
                           std::chrono::milliseconds(0), std::move(fin));
@@ -131,8 +137,10 @@ void ShmTransport::close() {
     if (closed_) return;
     closed_ = true;
   }
-  engine_->shutdown();
+  // Gone before the engine hands pending sends' buffers back (Note [Messages
+  // read in place]).
   window_->markClosed();
+  engine_->shutdown();
 }
 
 }  // namespace shm

@@ -35,7 +35,10 @@ std::unique_ptr<Transport> connect(Store& store, int rank, int size, const Windo
 
 class ShmTransport : public Transport {
  public:
-  explicit ShmTransport(std::unique_ptr<ShmWindow> window);
+  // Errors say this rank is `logRank` (-1: its rank in the window); messages
+  // of at least `directMin` bytes are read in place (WindowOptions::directMin).
+  explicit ShmTransport(std::unique_ptr<ShmWindow> window, int logRank = -1,
+                        size_t directMin = 0);
   ~ShmTransport() override;
 
   int rank() const override { return window_->rank(); }
@@ -57,6 +60,7 @@ class ShmTransport : public Transport {
   P2PEngine::Done finisher(const std::shared_ptr<Request>& req);
 
   std::unique_ptr<ShmWindow> window_;
+  const int logRank_;
   std::unique_ptr<P2PEngine> engine_;
   std::mutex mu_;
   bool aborted_ = false, closed_ = false;

@@ -28,6 +28,13 @@ struct WindowOptions {
   // How errors name each rank ("rank 3 on host 'b'", for a host's group
   // inside a group across hosts); empty: "rank <its rank here>".
   std::vector<std::string> peerNames;
+  // The rank a ShmTransport's errors carry: a host's part of a larger group
+  // (a RoutedTransport's) says its rank in that group; -1: its rank here.
+  int logRank = -1;
+  // ShmTransport: messages of at least this many bytes are read straight
+  // from the sender's memory when the window can (Note [Messages read in
+  // place] in p2p_engine.h); 0: every message goes through the rings.
+  size_t directMin = 0;
 };
 
 class RingChannel;
@@ -61,6 +68,7 @@ class ShmWindow : public Window {
   void abort() override;
   void markClosed() override;
   void giveUp(const std::string& why) override;
+  std::string who(int r) const;  // WindowOptions::peerNames
 
  private:
   struct RankHeader;
@@ -70,7 +78,6 @@ class ShmWindow : public Window {
   void wakeWaitersOnMe();
   [[noreturn]] void failWait(const std::vector<int>& missing, uint64_t step,
                              const WaitContext& ctx);
-  std::string who(int r) const;  // WindowOptions::peerNames
 
   const int rank_;
   const int size_;
