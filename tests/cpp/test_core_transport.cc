@@ -1,7 +1,9 @@
 // The message Transport's contract (transport/transport.h), checked alike on
 // both implementations: shared memory (transport/shm/transport.h; through
 // the rings, and with every message read in place) and TCP over loopback
-// (transport/tcp/transport.h), threads as ranks. What only one
+// (transport/tcp/transport.h), threads as ranks; and on their composition by
+// host (transport/routed.h), with the ranks dealt to two pretend hosts in
+// turn, so that every test crosses both. What only one
 // of them has (authentication, framing, striping) is tested in
 // test_core_tcp.cc and test_core_tcp_faults.cc.
 #include <gtest/gtest.h>
@@ -14,6 +16,7 @@
 
 #include "core_group.h"
 #include "tcp_group.h"
+#include "transport/routed.h"
 #include "transport/shm/transport.h"
 
 namespace braid {
@@ -33,11 +36,37 @@ transport::shm::WindowOptions smallRings() {
   return w;
 }
 
+// Rank r on pretend host r % 2: shared memory among each host's ranks, TCP
+// between the hosts (Note [Routing by host]). Messages of 4 KiB and more
+// between ranks of a host are read in place (Note [Messages read in place]).
+std::vector<std::unique_ptr<Transport>> connectRouted(int n) {
+  std::vector<int> hosts[2];
+  for (int r = 0; r < n; ++r) hosts[r % 2].push_back(r);
+  testing::MemoryStore stores[2], tcpStore;
+  std::vector<std::unique_ptr<Transport>> ts(n);
+  const auto o = testing::tcpOptions("routed", 2);
+  runRanks(n, [&](int r) {
+    auto w = smallRings();
+    w.logRank = r;
+    w.directMin = 4096;
+    for (int p : hosts[r % 2]) w.peerNames.push_back("rank " + std::to_string(p));
+    auto local = transport::shm::connect(stores[r % 2], r / 2, hosts[r % 2].size(), w);
+    auto t = o;
+    t.skip.assign(n, false);
+    for (int p : hosts[r % 2]) t.skip[p] = p != r;
+    auto remote = transport::tcp::connect(tcpStore, r, n, t);
+    ts[r] = std::make_unique<transport::RoutedTransport>(r, n, hosts[r % 2], std::move(local),
+                                                         std::move(remote));
+  });
+  return ts;
+}
+
 std::vector<std::unique_ptr<Transport>> connectAll(const std::string& kind, int n) {
   if (kind == "tcp") {
     auto o = testing::tcpOptions("contract", 2);
     return testing::connectGroup(n, [o](int) { return o; });
   }
+  if (kind == "routed") return connectRouted(n);
   testing::MemoryStore store;
   std::vector<std::unique_ptr<Transport>> ts(n);
   auto w = smallRings();
@@ -185,6 +214,35 @@ TEST_P(TransportContract, CallbacksRunOnceAndMayPostTheNextOp) {
   for (auto& t : ts) t->close();
 }
 
+// Each peer is reached one way: this host's ranks through shared memory,
+// which TCP never connects (and refuses to be asked for), the others
+// through TCP.
+TEST(RoutedTransport, ReachesThisHostThroughSharedMemoryAndOtherHostsThroughTcp) {
+  const int n = 4;
+  const int fdsBefore = testing::countFds();
+  auto ts = connectRouted(n);
+  EXPECT_NE(ts[0]->peerName(2).find("shared memory"), std::string::npos) << ts[0]->peerName(2);
+  EXPECT_NE(ts[0]->peerName(1).find("127.0.0.1"), std::string::npos) << ts[0]->peerName(1);
+  EXPECT_NE(ts[3]->peerName(1).find("rank 1 (shared memory)"), std::string::npos)
+      << ts[3]->peerName(1);
+  // Sockets: 2 per pair of ranks on different hosts (4 pairs), 1 listener
+  // and one epoll and eventfd each; none between ranks 0 and 2 or 1 and 3.
+  const int tcpFds = 2 * 2 * 4 + 3 * n;
+  const int fdsNow = testing::countFds() - fdsBefore;
+  EXPECT_GE(fdsNow, tcpFds);
+  EXPECT_LT(fdsNow, tcpFds + 2 * 2 * 2) << "TCP connected ranks of one host";
+  // A bad rank is the caller's error, named there.
+  std::vector<uint8_t> buf(8);
+  try {
+    ts[1]->isend(4, 0, buf.data(), buf.size());
+    FAIL() << "a send to rank 4 of 4 was accepted";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("peer rank 4 is not in the group of 4"),
+              std::string::npos) << e.what();
+  }
+  for (auto& t : ts) t->close();
+}
+
 // Note [Messages read in place]: such a send completes when its receive has
 // read it, not before; it fails, and never leaves a receive with bytes read
 // from a buffer handed back, when either side leaves first.
@@ -222,8 +280,33 @@ TEST(ShmDirect, ASendWaitsForItsReceiveAndFailsWhenEitherSideLeaves) {
   for (auto& t : ts) t->close();
 }
 
+TEST(RoutedTransport, TcpRefusesPeersItSkips) {
+  testing::MemoryStore store;
+  std::vector<std::unique_ptr<Transport>> ts(3);
+  auto o = testing::tcpOptions("skip", 1);
+  runRanks(3, [&](int r) {
+    auto t = o;
+    t.skip = {false, r == 2, r == 1};  // ranks 1 and 2 skip each other
+    ts[r] = transport::tcp::connect(store, r, 3, t);
+  });
+  std::vector<uint8_t> buf(8);
+  try {
+    ts[1]->isend(2, 0, buf.data(), buf.size());
+    FAIL() << "TCP accepted a send to a rank it skips";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("reached through shared memory"), std::string::npos)
+        << e.what();
+  }
+  auto r = ts[2]->irecv(0, 5, buf.data(), buf.size());
+  std::vector<uint8_t> msg(8, 7);
+  ts[0]->isend(2, 5, msg.data(), msg.size())->wait(after(kWaitMs));
+  r->wait(after(kWaitMs));
+  EXPECT_EQ(buf, msg);
+  for (auto& t : ts) t->close();
+}
+
 INSTANTIATE_TEST_SUITE_P(EveryTransport, TransportContract,
-                         ::testing::Values("shm", "shm_direct", "tcp"),
+                         ::testing::Values("shm", "shm_direct", "tcp", "routed"),
                          [](const auto& info) { return info.param; });
 
 }  // namespace

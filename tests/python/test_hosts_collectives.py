@@ -138,6 +138,8 @@ def test_braid_matches_gloo_across_hosts(per_host, tmp_path):
     pytest.param([3, 3], {"BRAID_TCP_SOCKETS_PER_PEER": "8", "BRAID_TCP_CHUNK_BYTES": "65536"},
                  None, id="2x3-8sockets-64k-chunks"),  # large messages striped in many frames
     pytest.param([2, 2, 2], {"BRAID_TCP_CONNECT": "lazy"}, None, id="3x2-lazy-connect"),
+    # every message between ranks of a host read in place (Note [Messages read in place])
+    pytest.param([2, 1], {"BRAID_SHM_MSG_DIRECT_MIN": "1"}, None, id="2+1-read-in-place"),
 ])
 def test_braid_matches_gloo_across_hosts_with_other_settings(per_host, env, link_gbit,
                                                              tmp_path):

@@ -490,6 +490,29 @@ def test_host_killed_mid_broadcast(hosts2, tmp_path):
     assert not problems, "\n".join(problems) + "\n" + job.dump()
 
 
+def test_rank_killed_mid_alltoall_fails_its_host_mate_and_the_other_host(hosts2, tmp_path):
+    """SIGKILL of rank 3 (host 1; rank 0, on host 0, serves the store) during 16 MiB
+    all_to_all_single: its blocks to rank 2 go through shared memory, read in place (Note
+    [Routing by host]), those to host 0 over TCP. Rank 2 (by the pid it watches) and ranks 0
+    and 1 (by the closed sockets) raise within T + 1 s naming braid alltoall and a lost rank
+    on braid-h1, exit 0, and leave nothing behind."""
+    job = Job(hosts2, tmp_path, "loop", ["op=alltoall"], env={"BRAID_SECRET": SECRET})
+    job.wait_looping()
+    t_fault = time.monotonic()
+    os.kill(job.procs[3].pid, signal.SIGKILL)
+    late = job.wait(range(WORLD), t_fault + EXIT_S)
+    problems = [f"rank {r} did not exit within {EXIT_S} s of the kill" for r in late]
+    if job.procs[3].returncode != -signal.SIGKILL:
+        problems.append(f"victim rank 3: exit {job.procs[3].returncode}")
+    more, named = survivors_checks(job, [0, 1, 2], t_fault, "rank killed mid alltoall",
+                                   op="alltoall")
+    problems += more
+    if (3, "braid-h1") not in named:
+        problems.append(f"no survivor names rank 3 on braid-h1 (named: {sorted(named)})")
+    problems += job.finish()
+    assert not problems, "\n".join(problems) + "\n" + job.dump()
+
+
 def run_fault(hosts, tmp_path, inject, args=()):
     """A job (with a secret) looping over allreduces; `inject(job)` injects the fault once
     every rank loops. Returns the job and the time of the fault."""

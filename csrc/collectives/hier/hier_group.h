@@ -2,9 +2,10 @@
 //
 // Note [Collectives across hosts]
 // Three groups carry a HierGroup's traffic, all made when it is created:
-//  - world: a TCP transport among all ranks (transport/tcp), with a NetComm
-//    (collectives/net);
-//  - p2p: another TCP transport among all ranks, connected pair by pair on
+//  - world: a transport among all ranks with a NetComm (collectives/net):
+//    TCP between hosts (transport/tcp), shared memory between the ranks of
+//    one host (Note [Routing by host] in transport/routed.h);
+//  - p2p: another such transport, whose TCP side connects pair by pair on
 //    first use, for send/recv (net_p2p.h, Note [Point-to-point across hosts]);
 //  - local: the ranks of this host over shared memory (a ShmGroup), when the
 //    host runs more than one of the group's ranks;
@@ -36,9 +37,9 @@
 // pipelined as well.
 // Everything else (smaller buffers but allreduce's, groups with one rank per
 // host or uneven hosts, gather, scatter, alltoall, barrier) runs over the
-// world group, whose
-// algorithms are latency-optimal for small buffers (a direct exchange) and
-// bandwidth-optimal for large ones (rings). The world's header exchange
+// world group, whose algorithms are latency-optimal for small buffers (a
+// direct exchange) and bandwidth-optimal for large ones (rings), and whose
+// messages between ranks of one host stay in shared memory. The world's header exchange
 // decides for every op, so ranks that would stage differently fail there
 // (the threshold travels in the header).
 // Failures. A lost peer or a timeout in any stage breaks the group: every

@@ -146,6 +146,7 @@ void TcpTransport::updateConnected() {
   const bool eager = opt_.connect == ConnectMode::kEager;
   std::vector<int> missing;
   for (auto& p : pairs_) {
+    if (opt_.skips(p->peer)) continue;
     for (auto s : p->slots) {
       if (s != Pair::Slot::kReady) {
         missing.push_back(p->peer);

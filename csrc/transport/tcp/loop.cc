@@ -60,7 +60,9 @@ void TcpTransport::progress() {
   {
     std::lock_guard<std::mutex> io(ioMu_);
     if (opt_.connect == ConnectMode::kEager) {
-      for (int p = 0; p < rank_; ++p) activate(*pairs_[p]);
+      for (int p = 0; p < rank_; ++p) {
+        if (!opt_.skips(p)) activate(*pairs_[p]);
+      }
     }
     updateConnected();
     timeoutMs = pending_.empty() ? -1 : 100;
@@ -205,7 +207,9 @@ void TcpTransport::onHandshake(Conn* c) {
       Pair& p = *pairs_[c->hs->peer()];
       const int idx = c->hs->index();
       Refusal r = Refusal::kNone;
-      if (p.failed || p.slots[idx] == Pair::Slot::kAccepting || p.slots[idx] == Pair::Slot::kReady ||
+      if (opt_.skips(p.peer)) {
+        r = Refusal::kWrongRank;  // ranks that disagree on who shares a host
+      } else if (p.failed || p.slots[idx] == Pair::Slot::kAccepting || p.slots[idx] == Pair::Slot::kReady ||
           (p.slots[idx] == Pair::Slot::kDialing && p.peer > rank_)) {
         r = Refusal::kDuplicate;
       } else if (p.slots[idx] == Pair::Slot::kDialing) {

@@ -30,6 +30,12 @@ struct TcpOptions {
   // hierarchy's cross group) logs as its world rank; -1: the transport's rank.
   int logRank = -1;
   int logRankOr(int rank) const { return logRank >= 0 ? logRank : rank; }
+  // Peers this transport never connects, by transport rank (empty: none): a
+  // RoutedTransport reaches them through shared memory (Note [Routing by
+  // host] in transport/routed.h). Posts to them are refused; the peers must
+  // skip this rank alike.
+  std::vector<bool> skip;
+  bool skips(int peer) const { return peer >= 0 && peer < static_cast<int>(skip.size()) && skip[peer]; }
   std::string secret;               // BRAID_SECRET or BRAID_SECRET_FILE; "" = none
   bool requireAuth = false;         // BRAID_REQUIRE_AUTH
   // Deadline for connecting the group (eager) or one pair (lazy), and for

@@ -116,6 +116,8 @@ std::string TcpTransport::peerName(int p) const {
 void TcpTransport::checkArgs(const char* op, int peer, const void* data, size_t bytes) const {
   BRAID_ENFORCE(peer >= 0 && peer < size_, op, rank_, "peer rank ", peer,
                 " is not in the group of ", size_);
+  BRAID_ENFORCE(!opt_.skips(peer), op, rank_, peerName(peer),
+                " is reached through shared memory, not through this TCP transport");
   BRAID_ENFORCE(data || bytes == 0, op, rank_, "null buffer for ", bytes, " bytes");
   BRAID_ENFORCE(bytes <= kMaxMessageBytes, op, rank_, bytes, " bytes exceed the largest message, ",
                 kMaxMessageBytes);

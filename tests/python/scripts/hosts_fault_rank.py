@@ -13,7 +13,8 @@ against their closed form; prints one JSON line, {"outcome": "ok" | "init_error"
 crash).
 
 MODE loop: runs allreduces of BYTES (KEY bytes=, default 16 MiB: the hierarchical path; with
-op=broadcast, broadcasts from each rank in turn, staged too) in a loop, each checked against
+op=broadcast, broadcasts from each rank in turn, staged too; with op=alltoall,
+all_to_all_single among all ranks) in a loop, each checked against
 its closed form, until one raises or max_s seconds pass (or, with
 stop_file=PATH, until rank 0 sees PATH: a 1-element allreduce after each iteration tells the
 others, so that every rank stops after the same iteration). After
@@ -110,7 +111,20 @@ def broadcast_checked(b, it, n, rank, group=None):
     return mismatch(t, want, f"iteration {it} (root {root})")
 
 
-LOOP_OPS = {"allreduce": allreduce_checked, "broadcast": broadcast_checked}
+def alltoall_checked(b, it, n, rank, group=None):
+    """One all_to_all_single: block d of rank s's input is base + 16 s + d + it % 7, so block s
+    of the output is base + 16 s + rank + it % 7. Between the ranks of a host the blocks go
+    through shared memory (Note [Routing by host]), large ones read in place."""
+    blocks = b.chunk(n)
+    inp = torch.cat([blk + float(16 * rank + d + it % 7) for d, blk in enumerate(blocks)])
+    out = torch.empty_like(inp)
+    dist.all_to_all_single(out, inp, group=group)
+    want = torch.cat([blocks[rank] + float(16 * s + rank + it % 7) for s in range(n)])
+    return mismatch(out, want, f"iteration {it}")
+
+
+LOOP_OPS = {"allreduce": allreduce_checked, "broadcast": broadcast_checked,
+            "alltoall": alltoall_checked}
 
 
 def meet(store, tag, ranks):
