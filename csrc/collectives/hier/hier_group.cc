@@ -1,5 +1,7 @@
 #include "collectives/hier/hier_group.h"
 
+#include <algorithm>
+
 #include "collectives/hier/stages.h"
 #include "collectives/net/collectives.h"
 #include "common/error.h"
@@ -79,6 +81,7 @@ std::unique_ptr<transport::Transport> connectRouted(transport::Store& store,
   tcp.skip.assign(n, false);
   for (int r : here) tcp.skip[r] = r != rank;
   transport::shm::WindowOptions w;
+  w.slotBytes = std::max<size_t>(4096, 64 * here.size());  // only the rings carry messages
   w.timeout = timeout;
   w.logRank = rank;
   w.directMin = directMin;
