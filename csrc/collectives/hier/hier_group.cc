@@ -36,8 +36,9 @@ BRAID_SETTING_INT(kShmDirectMin, "BRAID_SHM_MSG_DIRECT_MIN", 256 << 10,
                   "process_vm_readv; needs BRAID_SHM_CMA) instead of going through the "
                   "point-to-point ring (Note [Messages read in place]); 0: never. Below it the "
                   "ring is faster (the sender need not wait for the receiver's answer): 2 "
-                  "ranks as threads, round trip of 64 KiB 61-77 us through the ring, 95-109 us "
-                  "read in place; of 16 MiB 13.5-14.7 ms and 8.2-8.7 ms.");
+                  "ranks as threads (benchmarks/host_transports.cc), round trip of 64 KiB 51-70 "
+                  "us through the ring, 95-102 us read in place; of 16 MiB 11.8-12.4 ms and "
+                  "5.8-6.6 ms.");
 
 namespace {
 
