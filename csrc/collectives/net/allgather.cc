@@ -14,10 +14,7 @@ void allgather(NetComm& c, const OpDesc& op, const void* in, void* const* outs) 
   const int n = c.size();
   if (c.fitsInline(op)) {
     c.beginEager(op, NetAlgo::kDirect, in);
-    for (int r = 0; r < n; ++r) {
-      const void* block = r == c.rank() ? in : c.inlineData(r);
-      if (outs[r] != block) copyBytes(outs[r], block, op.bytes());
-    }
+    c.copyInlines(in, outs, op.bytes());
     return;
   }
   c.begin(op, NetAlgo::kRing);

@@ -11,11 +11,7 @@ void gather(NetComm& c, const OpDesc& op, const void* in, void* const* outs) {
   const int me = c.rank();
   if (c.fitsInline(op)) {
     c.beginEager(op, NetAlgo::kDirect, in);
-    if (me != op.root) return;
-    for (int r = 0; r < c.size(); ++r) {
-      const void* block = r == me ? in : c.inlineData(r);
-      if (outs[r] != block) copyBytes(outs[r], block, op.bytes());
-    }
+    if (me == op.root) c.copyInlines(in, outs, op.bytes());
     return;
   }
   c.begin(op, NetAlgo::kDirect);

@@ -301,6 +301,13 @@ const uint8_t* NetComm::inlineData(int r) const {
              : nullptr;
 }
 
+void NetComm::copyInlines(const void* mine, void* const* outs, size_t bytes) const {
+  for (int r = 0; r < size_; ++r) {
+    const void* block = r == rank_ ? mine : inlineData(r);
+    if (outs[r] != block) copyBytes(outs[r], block, bytes);
+  }
+}
+
 void NetComm::allToAllHeaders(uint8_t* all, size_t hb, const void* eager, size_t eagerBytes,
                               bool inlined) {
   const int n = size_;

@@ -157,6 +157,9 @@ class NetComm {
   // Rank `r`'s eager data if it came inside its header (valid until the next
   // op), else null.
   const uint8_t* inlineData(int r) const;
+  // Every rank's inline block of `bytes` into outs[r], this rank's from
+  // `mine` (a gathered op that rode in the headers).
+  void copyInlines(const void* mine, void* const* outs, size_t bytes) const;
   // Numbers an op whose agreement is checked elsewhere and posts nothing: a
   // HeaderRelay's own messages (Note [Op headers across hosts]).
   void beginUnchecked(const OpDesc& op) { start(op); }
