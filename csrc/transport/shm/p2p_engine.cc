@@ -68,7 +68,6 @@ struct P2PEngine::Incoming {
   std::vector<uint8_t> buf;    // unexpected or mismatched payload
   Recv* recv = nullptr;        // the receive it completes, if any
   std::exception_ptr error;    // set when the receive it matched is wrong
-  bool complete = false;
   bool discard = false;        // its receive timed out: the rest is read and dropped
   transport::Clock::time_point lastProgress = transport::Clock::now();
 };
@@ -106,7 +105,8 @@ void P2PEngine::postSend(int dst, int64_t tag, const void* data, size_t bytes,
     BRAID_ENFORCE(!stop_, "send", rank_, "the group was shut down");
     if (direct) s->frame.id = nextId_++;
     // sendHere leaves `s` empty when it queued the rest of it.
-    if (!(!direct && completeHere && sendHere(s))) newSends_.push_back(std::move(s));
+    const bool wroteHere = !direct && completeHere && sendHere(s);
+    if (!wroteHere) newSends_.push_back(std::move(s));
   }
   if (!s) {  // the engine sends it, or the rest of it
     w_.notifyActivity();
@@ -293,7 +293,6 @@ bool P2PEngine::progressIncoming(int src) {
       }
       if (m.frame.kind == kDirect) {
         std::unique_ptr<Incoming> done = std::move(cur);
-        done->complete = true;
         if (!done->recv) {
           unexpected_.push_back(std::move(done));
           continue;
@@ -321,7 +320,6 @@ bool P2PEngine::progressIncoming(int src) {
       m.lastProgress = transport::Clock::now();
       moved = true;
     }
-    m.complete = true;
     std::unique_ptr<Incoming> done = std::move(cur);
     if (done->recv && done->target != done->buf.data()) {
       Recv* r = done->recv;
