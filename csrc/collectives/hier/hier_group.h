@@ -39,9 +39,9 @@
 // host or uneven hosts, gather, scatter, alltoall, barrier) runs over the
 // world group, whose algorithms are latency-optimal for small buffers (a
 // direct exchange) and bandwidth-optimal for large ones (rings), and whose
-// messages between ranks of one host stay in shared memory. The world's header exchange
-// decides for every op, so ranks that would stage differently fail there
-// (the threshold travels in the header).
+// messages between ranks of one host stay in shared memory. The world's
+// header exchange decides for every op, so ranks that would stage
+// differently fail there (the threshold travels in the header).
 // Failures. A lost peer or a timeout in any stage breaks the group: every
 // transport is aborted, so the ranks on other hosts see this rank leave and
 // fail at once; the ranks of this host that wait for it in a shared-memory

@@ -167,11 +167,11 @@ void NetComm::abandon(const std::string& msg, bool timeout, bool lost) {
 // 86-114 us inline (benchmarks/results/hosts-inline.txt). The area costs 256
 // bytes more per header. Larger data follow the header as a message of their
 // own on step 1, and wait in the receiver's transport as an unexpected
-// message until the check passed and the receive is posted. When the check fails, the ranks
-// that sent data said so in their headers (eager, with the size and whether
-// it was inline), and every receiver takes exactly the step-1 messages before
-// it throws: no message is left behind and the group stays usable. A rank
-// that failed its argument checks sends a header alone.
+// message until the check passed and the receive is posted. When the check
+// fails, the ranks that sent data said so in their headers (eager, with the
+// size and whether it was inline), and every receiver takes exactly the
+// step-1 messages before it throws: no message is left behind and the group
+// stays usable. A rank that failed its argument checks sends a header alone.
 void NetComm::beginEager(const OpDesc& op, NetAlgo algo, const void* eager) {
   start(op);
   // A poison header goes alone.
