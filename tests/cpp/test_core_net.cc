@@ -193,6 +193,69 @@ TEST_P(Worlds, EveryOpOverSharedMemoryMessages) {
   }
 }
 
+// Note [Eager data]: blocks of up to NetComm::kEagerMax go with the headers,
+// larger ones after the check, and an alltoall mixes both (and empty blocks)
+// across its pairs; over TCP and shared-memory messages.
+TEST_P(Worlds, EagerBlocksAndLaterOnes) {
+  const int n = GetParam();
+  const uint64_t sizes[] = {NetComm::kEagerMax, NetComm::kEagerMax + 1, 3, 0};
+  auto bytes = [&](int from, int to) { return sizes[(from + 2 * to) % 4]; };
+  for (bool shm : {false, true}) {
+    NetGroup g(n, NetConfig{}.allreduceRingMin, shm);
+    runRanks(n, [&](int r) {
+      NetComm& c = *g.comms[r];
+      std::vector<uint64_t> sendB(n), recvB(n);
+      std::vector<std::vector<uint8_t>> ins(n), outs(n);
+      std::vector<const void*> inPtrs(n);
+      std::vector<void*> outPtrs(n);
+      for (int j = 0; j < n; ++j) {
+        sendB[j] = bytes(r, j);
+        recvB[j] = bytes(j, r);
+        ins[j] = testing::patterned(r, j, 0, sendB[j]);
+        outs[j].assign(recvB[j] + 1, 0xee);
+        inPtrs[j] = ins[j].data();
+        outPtrs[j] = outs[j].data();
+      }
+      OpDesc a = desc(OpKind::kAlltoall, 0, DataType::kUInt8);
+      a.sendBytes = sendB.data();
+      a.recvBytes = recvB.data();
+      net::alltoall(c, a, inPtrs.data(), outPtrs.data());
+      for (int j = 0; j < n; ++j) {
+        auto want = testing::patterned(j, r, 0, recvB[j]);
+        EXPECT_TRUE(std::equal(want.begin(), want.end(), outs[j].begin()))
+            << "alltoall from " << j << " shm " << shm;
+        EXPECT_EQ(outs[j][recvB[j]], 0xee) << "alltoall from " << j << " wrote past its block";
+      }
+      for (uint64_t b : {NetComm::kEagerMax, NetComm::kEagerMax + 1}) {
+        const int root = n - 1;
+        std::vector<std::vector<uint8_t>> blocks(n);
+        std::vector<const void*> blockPtrs(n);
+        std::vector<void*> rows(n);
+        for (int q = 0; q < n; ++q) {
+          blocks[q] = r == root ? testing::patterned(root, q, 0, b) : std::vector<uint8_t>(b, 0);
+          blockPtrs[q] = rows[q] = blocks[q].data();
+        }
+        std::vector<uint8_t> got(b, 0xee);
+        net::scatter(c, desc(OpKind::kScatter, b, DataType::kUInt8, root), blockPtrs.data(),
+                     got.data());
+        EXPECT_EQ(got, testing::patterned(root, r, 0, b)) << "scatter of " << b << " shm " << shm;
+        auto mine = testing::patterned(r, root, 1, b);
+        for (auto& blk : blocks) std::fill(blk.begin(), blk.end(), 0xee);
+        net::gather(c, desc(OpKind::kGather, b, DataType::kUInt8, root), mine.data(), rows.data());
+        if (r == root) {
+          for (int q = 0; q < n; ++q) {
+            EXPECT_EQ(blocks[q], testing::patterned(q, root, 1, b)) << "gather of " << b << " from " << q;
+          }
+        }
+      }
+      net::barrier(c, desc(OpKind::kBarrier, 0));
+      if (!shm) {
+        EXPECT_EQ(static_cast<transport::tcp::TcpTransport&>(c.transport()).unexpectedBytes(), 0u);
+      }
+    });
+  }
+}
+
 INSTANTIATE_TEST_SUITE_P(Net, Worlds, ::testing::Values(1, 2, 3, 4, 5));
 
 // ~1M elements (4 MiB of fp32, 2 MiB of bf16) through the ring and the default
@@ -281,10 +344,18 @@ void expectMismatch(int n, const OpDesc& good, const OpDesc& bad,
     // The whole op's bytes: a direct allreduce sends its input eagerly,
     // before the check that fails it (Note [Eager data]).
     std::vector<uint8_t> buf(std::max<size_t>(64 * 8 + 64, d.bytes()), 1);
-    std::vector<void*> outs(n, buf.data());
+    // A gather's or scatter's blocks, one per rank.
+    std::vector<uint8_t> blocks(n * d.bytes(), 2);
+    std::vector<void*> outs(n);
+    for (int q = 0; q < n; ++q) outs[q] = blocks.data() + q * d.bytes();
     try {
       if (!d.localError.empty()) {
         net::failOp(c, d);
+      } else if (d.kind == OpKind::kGather) {
+        net::gather(c, d, buf.data(), outs.data());
+      } else if (d.kind == OpKind::kScatter) {
+        std::vector<const void*> ins(outs.begin(), outs.end());
+        net::scatter(c, d, ins.data(), buf.data());
       } else if (d.kind == OpKind::kAllreduce) {
         net::allreduce(c, d, buf.data(), buf.data());
       } else if (d.kind == OpKind::kBroadcast) {
@@ -313,6 +384,10 @@ void expectMismatch(int n, const OpDesc& good, const OpDesc& bad,
       net::allreduce(c, desc(OpKind::kAllreduce, 10), v.data(), v.data());
       for (float x : v) EXPECT_EQ(x, static_cast<float>(n * n));
     }
+    // Every eager block the failed op sent was taken (Note [Eager data]): it
+    // came before the later ops' messages, so it would be buffered by now.
+    EXPECT_EQ(static_cast<transport::tcp::TcpTransport&>(c.transport()).unexpectedBytes(), 0u)
+        << "rank " << r;
   });
 }
 
@@ -327,6 +402,19 @@ TEST(NetErrors, HeaderMismatchesFailEveryRankAndKeepTheGroup) {
   expectMismatch(3, d(OpKind::kAllreduce, 8), d(OpKind::kAllreduce, 1000), {"shape [8]", "[1000]"});
   expectMismatch(3, d(OpKind::kReduce, 8), d(OpKind::kReduce, 1000), {"shape [8]", "[1000]"});
   expectMismatch(3, d(OpKind::kBroadcast, 8), d(OpKind::kBroadcast, 1000), {"shape [8]", "[1000]"});
+  // Note [Eager data]: a gather's blocks go to the root, a scatter's root's
+  // blocks to each rank, with the headers: inline, on step 1, or after the check
+  expectMismatch(3, d(OpKind::kGather, 8), d(OpKind::kGather, 1000), {"shape [8]", "[1000]"});
+  expectMismatch(3, d(OpKind::kGather, 1000), d(OpKind::kGather, 1001), {"[1000]", "[1001]"});
+  expectMismatch(3, d(OpKind::kGather, 1000), d(OpKind::kGather, 20000), {"[1000]", "[20000]"});
+  expectMismatch(4, d(OpKind::kGather, 1000, DataType::kFloat32, 0),
+                 d(OpKind::kGather, 1000, DataType::kFloat32, 2), {"root 0", "root 2"});
+  expectMismatch(3, d(OpKind::kScatter, 8), d(OpKind::kScatter, 1000), {"shape [8]", "[1000]"});
+  expectMismatch(3, d(OpKind::kScatter, 1000), d(OpKind::kScatter, 20000), {"[1000]", "[20000]"});
+  expectMismatch(4, d(OpKind::kScatter, 1000, DataType::kFloat32, 0),
+                 d(OpKind::kScatter, 1000, DataType::kFloat32, 1), {"root 0", "root 1"});
+  expectMismatch(4, d(OpKind::kScatter, 1000, DataType::kFloat32, 3),
+                 d(OpKind::kScatter, 1000, DataType::kFloat32, 1), {"root 3", "root 1"});
   expectMismatch(3, d(OpKind::kAllreduce, 8), d(OpKind::kAllreduce, 8, DataType::kInt32),
                  {"float32", "int32"});
   expectMismatch(3, d(OpKind::kAllreduce, 8), d(OpKind::kBroadcast, 8), {"allreduce", "broadcast"});

@@ -4,11 +4,14 @@ namespace braid {
 namespace collectives {
 namespace net {
 
-// Every receive posted first, then the sends in pairwise order (to me + s at
-// step s), so that at any moment each rank sends mostly to a different peer.
-// The sizes were checked pairwise in the header exchange.
+// Blocks of up to NetComm::kEagerMax go with the headers (Note [Eager data]):
+// a small alltoall costs one latency, not two. Then every receive is posted,
+// then the other sends in pairwise order (to me + s at step s), so that at
+// any moment each rank sends mostly to a different peer. The sizes were
+// checked pairwise in the header exchange, so both ends of a pair agree on
+// whether its block went eagerly.
 void alltoall(NetComm& c, const OpDesc& op, const void* const* ins, void* const* outs) {
-  c.begin(op, NetAlgo::kPairwise);
+  c.beginEagerEach(op, NetAlgo::kPairwise, ins, op.sendBytes);
   const int n = c.size(), me = c.rank();
   for (int s = 1; s < n; ++s) {
     const int src = (me - s + n) % n;
@@ -16,7 +19,7 @@ void alltoall(NetComm& c, const OpDesc& op, const void* const* ins, void* const*
   }
   for (int s = 1; s < n; ++s) {
     const int dst = (me + s) % n;
-    c.send(dst, 1, ins[dst], op.sendBytes[dst]);
+    if (!NetComm::eagerPair(op.sendBytes[dst])) c.send(dst, 1, ins[dst], op.sendBytes[dst]);
   }
   if (outs[me] != ins[me]) copyBytes(outs[me], ins[me], op.sendBytes[me]);
   c.wait();

@@ -30,10 +30,12 @@ struct NetHeader {
   OpHeader op;  // compared by checkOpHeader (Note [Op headers])
   uint32_t algo;
   uint32_t eagerInline;  // the eager data are in the header message's inline area
+  uint32_t eagerTo;      // NetComm::EagerTo: who gets eager data (Note [Eager data])
+  uint32_t reserved;
   uint64_t ringMin;     // BRAID_NET_ALLREDUCE_RING_MIN
   uint64_t hierMin;     // BRAID_HIER_MIN_BYTES (hier/hier_group.cc)
   uint64_t hierPiece;   // BRAID_HIER_PIPELINE_BYTES (hier/hier_group.cc)
-  uint64_t eagerBytes;  // data that follow on step 1 (Note [Eager data])
+  uint64_t eagerBytes;  // kEveryone, kRoot: data that follow on step 1 (Note [Eager data])
   // NetConfig::local: the hierarchy's shared-memory settings.
   uint64_t allreduceOneShotMax, reduceOneShotMax, directMin, directOps, chunkSetting;
 };
@@ -167,15 +169,58 @@ void NetComm::abandon(const std::string& msg, bool timeout, bool lost) {
 // 86-114 us inline (benchmarks/results/hosts-inline.txt). The area costs 256
 // bytes more per header. Larger data follow the header as a message of their
 // own on step 1, and wait in the receiver's transport as an unexpected
-// message until the check passed and the receive is posted. When the check
-// fails, the ranks that sent data said so in their headers (eager, with the
-// size and whether it was inline), and every receiver takes exactly the
-// step-1 messages before it throws: no message is left behind and the group
-// stays usable. A rank that failed its argument checks sends a header alone.
+// message until the check passed and the receive is posted. Ops whose blocks
+// differ by destination send them the same way, each block of up to
+// kEagerMax (64 KiB: the receiver buffers it before it is expected, which
+// costs a copy that larger blocks would notice) to its own rank: an alltoall
+// each pair's block (EagerTo::kEach), a scatter's root each rank's
+// (kEach), a gather's ranks theirs to the root (kRoot). The others follow
+// the check as before, and both ends of a pair agree on which way its block
+// went, since its size passed the check. When the check fails, the ranks
+// that sent data said so in their headers (to whom, with the size, or for
+// kEach in the row of send sizes that an alltoall's header carries anyway,
+// and whether it was inline), and every receiver takes exactly the step-1
+// messages meant for it before it throws: no message is left behind and the
+// group stays usable. A rank that failed its argument checks sends a header
+// alone.
 void NetComm::beginEager(const OpDesc& op, NetAlgo algo, const void* eager) {
   start(op);
+  Eager e;
   // A poison header goes alone.
-  checkedExchange(op, algo, op.localError.empty() && op.bytes() ? eager : nullptr);
+  if (eager && op.localError.empty() && op.bytes()) e = Eager{EagerTo::kEveryone, eager};
+  checkedExchange(op, algo, e);
+}
+
+void NetComm::beginEagerEach(const OpDesc& op, NetAlgo algo, const void* const* to,
+                             const uint64_t* bytes) {
+  start(op);
+  Eager e;
+  if (to && op.localError.empty()) e = Eager{EagerTo::kEach, nullptr, to, bytes};
+  checkedExchange(op, algo, e);
+}
+
+void NetComm::beginEagerToRoot(const OpDesc& op, NetAlgo algo, const void* data) {
+  start(op);
+  Eager e;
+  if (data && op.localError.empty() && rank_ != op.root && eagerPair(op.bytes())) {
+    e = Eager{EagerTo::kRoot, data};
+  }
+  checkedExchange(op, algo, e);
+}
+
+void NetComm::sendEager(const OpDesc& op, const Eager& e, int p, bool inlined) {
+  switch (e.to) {
+    case EagerTo::kNone: return;
+    case EagerTo::kEveryone:
+      if (!inlined) send(p, 1, e.data, op.bytes());
+      return;
+    case EagerTo::kRoot:
+      if (p == op.root) send(p, 1, e.data, op.bytes());
+      return;
+    case EagerTo::kEach:
+      if (eagerPair(e.bytes[p])) send(p, 1, e.each[p], e.bytes[p]);
+      return;
+  }
 }
 
 void NetComm::start(const OpDesc& op) {
@@ -189,10 +234,10 @@ void NetComm::start(const OpDesc& op) {
 
 void NetComm::begin(const OpDesc& op, NetAlgo algo) {
   start(op);
-  checkedExchange(op, algo, nullptr);
+  checkedExchange(op, algo, Eager{});
 }
 
-void NetComm::checkedExchange(const OpDesc& op, NetAlgo algo, const void* eager) {
+void NetComm::checkedExchange(const OpDesc& op, NetAlgo algo, const Eager& e) {
   // A reduction the kernels cannot run would throw mid-op and leave the peers
   // waiting: it fails in the header exchange instead, like an argument error.
   if (op.localError.empty() && reduces(op.kind) &&
@@ -203,16 +248,25 @@ void NetComm::checkedExchange(const OpDesc& op, NetAlgo algo, const void* eager)
                   toString(op.dtype),
                   op.redop == ReduceOp::kPremulSum ? " (PREMUL_SUM: scale the input, pass SUM)" : "");
     cur_ = poisoned;
-    return exchangeHeaders(poisoned, NetAlgo::kHeaderOnly, nullptr);
+    return exchangeHeaders(poisoned, NetAlgo::kHeaderOnly, Eager{});
   }
-  exchangeHeaders(op, algo, eager);
+  exchangeHeaders(op, algo, e);
 }
 
 void NetComm::consumeEager(const std::vector<uint8_t>& headers, size_t hb) {
   // Step-1 data only: inline data came with the header.
-  auto following = [&](int p) {
+  auto following = [&](int p) -> uint64_t {
     const NetHeader* h = reinterpret_cast<const NetHeader*>(headers.data() + p * hb);
-    return p == rank_ || h->eagerInline ? uint64_t(0) : h->eagerBytes;
+    if (p == rank_) return 0;
+    switch (static_cast<EagerTo>(h->eagerTo)) {
+      case EagerTo::kEveryone: return h->eagerInline ? 0 : h->eagerBytes;
+      case EagerTo::kRoot: return h->op.root == rank_ ? h->eagerBytes : 0;
+      case EagerTo::kEach: {
+        const uint64_t b = reinterpret_cast<const uint64_t*>(h + 1)[rank_];
+        return eagerPair(b) ? b : 0;
+      }
+      default: return 0;
+    }
   };
   size_t total = 0;
   for (int p = 0; p < size_; ++p) total += following(p);
@@ -226,7 +280,7 @@ void NetComm::consumeEager(const std::vector<uint8_t>& headers, size_t hb) {
   wait();  // our own eager sends too
 }
 
-void NetComm::exchangeHeaders(const OpDesc& op, NetAlgo algo, const void* eager) {
+void NetComm::exchangeHeaders(const OpDesc& op, NetAlgo algo, const Eager& e) {
   const int n = size_;
   const size_t hb = sizeof(NetHeader) + 2 * n * sizeof(uint64_t);
   std::vector<uint8_t> all(n * hb, 0);
@@ -238,9 +292,11 @@ void NetComm::exchangeHeaders(const OpDesc& op, NetAlgo algo, const void* eager)
   h->ringMin = cfg_.allreduceRingMin;
   h->hierMin = cfg_.hierMinBytes;
   h->hierPiece = cfg_.hierPieceBytes;
-  h->eagerBytes = eager ? op.bytes() : 0;
+  h->eagerTo = static_cast<uint32_t>(e.to);
+  const bool alike = e.to == EagerTo::kEveryone || e.to == EagerTo::kRoot;
+  h->eagerBytes = alike ? op.bytes() : 0;
   // The relay carries fixed blocks of its own (Note [Op headers across hosts]).
-  const bool inlined = eager && fitsInline(op);
+  const bool inlined = e.to == EagerTo::kEveryone && fitsInline(op);
   h->eagerInline = inlined;
   h->allreduceOneShotMax = cfg_.local.allreduceOneShotMax;
   h->reduceOneShotMax = cfg_.local.reduceOneShotMax;
@@ -253,10 +309,15 @@ void NetComm::exchangeHeaders(const OpDesc& op, NetAlgo algo, const void* eager)
       sizes(rank_)[n + j] = op.recvBytes[j];
     }
   }
+  // kEach: what each peer gets, so that a receiver knows what to take when
+  // the check fails (alltoall: its send sizes again).
+  if (e.to == EagerTo::kEach) {
+    for (int j = 0; j < n; ++j) sizes(rank_)[j] = e.bytes[j];
+  }
   if (relay_) {
-    relayHeaders(op, all.data(), hb, eager);
+    relayHeaders(op, all.data(), hb, e);
   } else {
-    allToAllHeaders(all.data(), hb, eager, op.bytes(), inlined);
+    allToAllHeaders(op, all.data(), hb, e, inlined);
   }
   inlineFrom_.assign(n, 0);
   for (int p = 0; p < n; ++p) inlineFrom_[p] = p != rank_ && at(p)->eagerInline;
@@ -268,11 +329,9 @@ void NetComm::exchangeHeaders(const OpDesc& op, NetAlgo algo, const void* eager)
   }
 }
 
-void NetComm::relayHeaders(const OpDesc& op, uint8_t* all, size_t hb, const void* eager) {
-  if (eager) {
-    for (int p = 0; p < size_; ++p) {
-      if (p != rank_) send(p, 1, eager, op.bytes());
-    }
+void NetComm::relayHeaders(const OpDesc& op, uint8_t* all, size_t hb, const Eager& e) {
+  for (int p = 0; p < size_; ++p) {
+    if (p != rank_) sendEager(op, e, p, false);
   }
   try {
     relay_->relay(op, all, hb);
@@ -308,7 +367,7 @@ void NetComm::copyInlines(const void* mine, void* const* outs, size_t bytes) con
   }
 }
 
-void NetComm::allToAllHeaders(uint8_t* all, size_t hb, const void* eager, size_t eagerBytes,
+void NetComm::allToAllHeaders(const OpDesc& op, uint8_t* all, size_t hb, const Eager& e,
                               bool inlined) {
   const int n = size_;
   // Each message: the header, padded to 64 bytes so that the inline data are
@@ -322,20 +381,25 @@ void NetComm::allToAllHeaders(uint8_t* all, size_t hb, const void* eager, size_t
   uint8_t* mine = wire_.data() + rank_ * wireStride_;
   std::memcpy(mine, all + rank_ * hb, hb);
   std::memset(mine + hb, 0, wireStride_ - hb);  // no stale bytes on the wire
-  if (inlined && eagerBytes) std::memcpy(mine + padded, eager, eagerBytes);
+  if (inlined) std::memcpy(mine + padded, e.data, op.bytes());
   // Each peer's header, then at once any eager data that did not fit inline:
   // back to back, the two often reach the peer in one wake-up of its progress
   // thread (all the headers first would cost it one more per peer).
-  std::vector<size_t> headerOps;
+  std::vector<size_t> headerOps, eagerOps;
   for (int p = 0; p < n; ++p) {
     if (p == rank_) continue;
     headerOps.push_back(posted());
     send(p, 0, mine, wireStride_);
-    if (eager && !inlined) send(p, 1, eager, eagerBytes);
+    const size_t before = posted();
+    sendEager(op, e, p, inlined);
+    for (size_t i = before; i < posted(); ++i) eagerOps.push_back(i);
   }
   for (size_t i = 0; i < size_t(n - 1); ++i) waitPosted(i);  // the header receives
   for (size_t i : headerOps) waitPosted(i);
-  if (!eager || inlined) pending_.clear();
+  // Only the eager sends stay pending, for the op's own wait().
+  std::vector<Pending> eagerSends;
+  for (size_t i : eagerOps) eagerSends.push_back(std::move(pending_[i]));
+  pending_.swap(eagerSends);
   for (int p = 0; p < n; ++p) {
     if (p != rank_) std::memcpy(all + p * hb, wire_.data() + p * wireStride_, hb);
   }

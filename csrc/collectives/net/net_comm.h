@@ -52,7 +52,9 @@
 // to/from the root; barrier is the header exchange alone. Data of up to
 // kInlineBytes per rank ride inside the headers instead, in one latency: an
 // allreduce's, reduce's, allgather's and gather's inputs, a broadcast's root
-// buffer (fitsInline, Note [Eager data]).
+// buffer (fitsInline, Note [Eager data]); blocks of up to kEagerMax of
+// alltoall, scatter and gather follow their headers at once, before the
+// check (beginEagerEach, beginEagerToRoot).
 // What the hierarchy (collectives/hier, next) needs from this layer: an
 // allreduce of one slice of the buffer per call, whose NetComm is either the
 // leaders' group or one of several per-local-rank groups (one transport group
@@ -147,6 +149,20 @@ class NetComm {
   // step-1 receive; then wait()s.
   void beginEager(const OpDesc& op, NetAlgo algo, const void* eager);
   static constexpr size_t kInlineBytes = 256;
+  // begin() that also sends, on step 1 without waiting for the check, each
+  // peer p its own block to[p] of bytes[p] (alltoall, a scatter's root), for
+  // every p with eagerPair(bytes[p]) (Note [Eager data]); null `to`: none.
+  // The caller then posts every pair's step-1 receive as usual, and its sends
+  // for the other pairs only; then wait()s.
+  void beginEagerEach(const OpDesc& op, NetAlgo algo, const void* const* to,
+                      const uint64_t* bytes);
+  // begin() that also sends op.bytes() of `data` to op.root on step 1 when
+  // eagerPair(op.bytes()) and this rank is not the root (a gather's blocks);
+  // the root posts its step-1 receives, the others send nothing more.
+  void beginEagerToRoot(const OpDesc& op, NetAlgo algo, const void* data);
+  // Whether a block of `bytes` for one peer goes eagerly (Note [Eager data]).
+  static bool eagerPair(uint64_t bytes) { return bytes > 0 && bytes <= kEagerMax; }
+  static constexpr uint64_t kEagerMax = 64 << 10;
   // Whether eager data of up to kInlineBytes travel inline (the same on every
   // rank: not while headers go through a HeaderRelay).
   bool inlines() const { return !relay_; }
@@ -200,16 +216,25 @@ class NetComm {
   // Breaks the group with `msg`, aborts the transport, waits out the pending
   // requests and throws msg as a timeout, a lost peer or an Error.
   [[noreturn]] void abandon(const std::string& msg, bool timeout, bool lost);
-  void relayHeaders(const OpDesc& op, uint8_t* all, size_t hb, const void* eager);
-  void allToAllHeaders(uint8_t* all, size_t hb, const void* eager, size_t eagerBytes,
-                       bool inlined);
-  void exchangeHeaders(const OpDesc& op, NetAlgo algo, const void* eager);
+  // What a rank sends with its header (Note [Eager data]); travels in it.
+  enum class EagerTo : uint32_t { kNone = 0, kEveryone, kRoot, kEach };
+  struct Eager {
+    EagerTo to = EagerTo::kNone;
+    const void* data = nullptr;          // kEveryone, kRoot: op.bytes() of it
+    const void* const* each = nullptr;   // kEach: each[p] to rank p ...
+    const uint64_t* bytes = nullptr;     // ... bytes[p] of it, if eagerPair
+  };
+  // Posts the eager data for peer p (after its header message).
+  void sendEager(const OpDesc& op, const Eager& e, int p, bool inlined);
+  void relayHeaders(const OpDesc& op, uint8_t* all, size_t hb, const Eager& e);
+  void allToAllHeaders(const OpDesc& op, uint8_t* all, size_t hb, const Eager& e, bool inlined);
+  void exchangeHeaders(const OpDesc& op, NetAlgo algo, const Eager& e);
   // Throws at the first difference (Note [Collectives over messages]);
   // `only`: compares those ranks' headers alone (agree()).
   void checkHeaders(const OpDesc& op, const uint8_t* headers, size_t headerBytes,
                     const std::vector<int>* only = nullptr);
   void start(const OpDesc& op);
-  void checkedExchange(const OpDesc& op, NetAlgo algo, const void* eager);
+  void checkedExchange(const OpDesc& op, NetAlgo algo, const Eager& e);
   // After a failed check: takes the eager data that peers announced (so the
   // group stays in step), then returns.
   void consumeEager(const std::vector<uint8_t>& headers, size_t headerBytes);

@@ -191,6 +191,11 @@ void TcpTransport::adoptPostsHere(std::unique_lock<std::mutex> io) {
   if (leftWork) wakeProgress();
 }
 
+size_t TcpTransport::unexpectedBytes() {
+  std::lock_guard<std::mutex> io(ioMu_);
+  return shared_.unexpectedBytes;
+}
+
 void TcpTransport::wakeProgress() {
   uint64_t one = 1;
   (void)!::write(wakeFd_, &one, sizeof(one));

@@ -94,6 +94,9 @@ class TcpTransport : public Transport {
   // connect()'s steps: listen and publish, read the peers' addresses, start
   // the progress thread and (eager) wait for every pair.
   void start(Store& store);
+  // Bytes of messages that arrived and wait for a receive: what tests check
+  // to see that a protocol leaves no message behind.
+  size_t unexpectedBytes();
 
  private:
   struct Post {
