@@ -1,6 +1,8 @@
 #include "transport/host.h"
 
 #include <limits.h>
+#include <sys/stat.h>
+#include <sys/sysmacros.h>
 #include <unistd.h>
 
 #include <fstream>
@@ -33,6 +35,14 @@ std::string hostIdentity() {
   std::ostringstream os;
   os << host << '/' << readFirstLine("/proc/sys/kernel/random/boot_id") << '/'
      << (n > 0 ? std::string(ns, n) : std::string("?"));
+  // Segments are named in /dev/shm (shm_open): two processes that agree on
+  // all of the above but each mount a /dev/shm of its own (a mount namespace
+  // with its own tmpfs) cannot open each other's, so they are two hosts to
+  // braid and talk over TCP rather than fail at the first segment.
+  struct stat st;
+  if (::stat("/dev/shm", &st) == 0) {
+    os << "/shm:" << major(st.st_dev) << ':' << minor(st.st_dev) << ':' << st.st_ino;
+  }
   return os.str();
 }
 

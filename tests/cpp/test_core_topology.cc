@@ -2,9 +2,15 @@
 // from the identities exchanged through the store.
 #include <gtest/gtest.h>
 
+#include <sched.h>
+#include <sys/mount.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
 #include <mutex>
 
 #include "memory_store.h"
+#include "transport/host.h"
 #include "transport/topology.h"
 
 namespace braid {
@@ -93,6 +99,46 @@ TEST(Topology, ExchangeTimeoutNamesTheRanksThatNeverJoined) {
     EXPECT_NE(what.find("Timed out after 50 ms"), std::string::npos) << what;
     EXPECT_NE(what.find("ranks 2,3 "), std::string::npos) << what;
   }
+}
+
+// The identity a child process reports after entering a mount namespace of
+// its own, with a fresh /dev/shm when `ownShm`; "" when it may not (no root).
+std::string identityInOwnMountNamespace(bool ownShm) {
+  int fds[2];
+  if (pipe(fds) != 0) return "";
+  pid_t pid = fork();
+  if (pid == 0) {
+    close(fds[0]);
+    bool ok = unshare(CLONE_NEWNS) == 0 &&
+              mount(nullptr, "/", nullptr, MS_REC | MS_PRIVATE, nullptr) == 0 &&
+              (!ownShm || mount("tmpfs", "/dev/shm", "tmpfs", 0, "size=1m") == 0);
+    std::string id = ok ? transport::hostIdentity() : "";
+    (void)!write(fds[1], id.data(), id.size());
+    _exit(0);
+  }
+  close(fds[1]);
+  std::string got;
+  char buf[512];
+  for (ssize_t n; (n = read(fds[0], buf, sizeof buf)) > 0;) got.append(buf, n);
+  close(fds[0]);
+  waitpid(pid, nullptr, 0);
+  return got;
+}
+
+// Segments live in /dev/shm: processes that each mount their own cannot open
+// each other's, so they must count as two hosts (transport/host.cc).
+TEST(HostIdentity, AnOwnDevShmMakesAnotherHost) {
+  ::unsetenv("BRAID_HOST_ID_OVERRIDE");
+  const std::string mine = transport::hostIdentity();
+  const std::string same = identityInOwnMountNamespace(false);
+  if (same.empty()) GTEST_SKIP() << "cannot enter a mount namespace here (needs root)";
+  EXPECT_EQ(same, mine) << "the same /dev/shm seen from another mount namespace";
+  const std::string own = identityInOwnMountNamespace(true);
+  ASSERT_FALSE(own.empty());
+  EXPECT_NE(own, mine);
+  const size_t cut = mine.find("/shm:");
+  ASSERT_NE(cut, std::string::npos) << mine;
+  EXPECT_EQ(own.substr(0, cut), mine.substr(0, cut)) << "hostname, boot id and pid namespace";
 }
 
 }  // namespace
