@@ -5,6 +5,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <functional>
 #include <cstring>
 #include <numeric>
 
@@ -63,6 +64,34 @@ struct NetGroup {
 };
 
 // Every reducing op, dtype and reduce op at `count`, and the data movers.
+// An alltoall in which rank `from` sends bytes(from, to) bytes to rank `to`,
+// each block patterned by its pair: every block arrives whole, and nothing
+// is written past it.
+void checkAlltoall(NetComm& c, const std::function<uint64_t(int, int)>& bytes) {
+  const int n = c.size(), r = c.rank();
+  std::vector<uint64_t> sendB(n), recvB(n);
+  std::vector<std::vector<uint8_t>> ins(n), outs(n);
+  std::vector<const void*> inPtrs(n);
+  std::vector<void*> outPtrs(n);
+  for (int j = 0; j < n; ++j) {
+    sendB[j] = bytes(r, j);
+    recvB[j] = bytes(j, r);
+    ins[j] = testing::patterned(r, j, 0, sendB[j]);
+    outs[j].assign(recvB[j] + 1, 0xee);
+    inPtrs[j] = ins[j].data();
+    outPtrs[j] = outs[j].data();
+  }
+  OpDesc a = desc(OpKind::kAlltoall, 0, DataType::kUInt8);
+  a.sendBytes = sendB.data();
+  a.recvBytes = recvB.data();
+  net::alltoall(c, a, inPtrs.data(), outPtrs.data());
+  for (int j = 0; j < n; ++j) {
+    auto want = testing::patterned(j, r, 0, recvB[j]);
+    EXPECT_TRUE(std::equal(want.begin(), want.end(), outs[j].begin())) << "alltoall from " << j;
+    EXPECT_EQ(outs[j][recvB[j]], 0xee) << "alltoall from " << j << " wrote past its block";
+  }
+}
+
 void checkAll(NetGroup& g, int n, size_t count) {
   runRanks(n, [&](int r) {
     NetComm& c = *g.comms[r];
@@ -140,26 +169,7 @@ void checkAll(NetGroup& g, int n, size_t count) {
       EXPECT_EQ(bad, 0u) << "scatter " << toString(t) << " count " << count;
     }
     // alltoall with uneven sizes: rank r sends (r + j + count) % 5 + count bytes to j
-    std::vector<uint64_t> sendB(n), recvB(n);
-    std::vector<std::vector<uint8_t>> ins(n), outs(n);
-    std::vector<const void*> inPtrs(n);
-    std::vector<void*> outPtrs(n);
-    for (int j = 0; j < n; ++j) {
-      sendB[j] = (r + j + count) % 5 + count;
-      recvB[j] = (j + r + count) % 5 + count;
-      ins[j] = testing::patterned(r, j, 0, sendB[j]);
-      outs[j].assign(recvB[j] + 1, 0xee);
-      inPtrs[j] = ins[j].data();
-      outPtrs[j] = outs[j].data();
-    }
-    OpDesc a = desc(OpKind::kAlltoall, 0, DataType::kUInt8);
-    a.sendBytes = sendB.data();
-    a.recvBytes = recvB.data();
-    net::alltoall(c, a, inPtrs.data(), outPtrs.data());
-    for (int j = 0; j < n; ++j) {
-      auto want = testing::patterned(j, r, 0, recvB[j]);
-      EXPECT_TRUE(std::equal(want.begin(), want.end(), outs[j].begin())) << "alltoall from " << j;
-    }
+    checkAlltoall(c, [count](int from, int to) { return (from + to + count) % 5 + count; });
     net::barrier(c, desc(OpKind::kBarrier, 0));
   });
 }
@@ -204,28 +214,8 @@ TEST_P(Worlds, EagerBlocksAndLaterOnes) {
     NetGroup g(n, NetConfig{}.allreduceRingMin, shm);
     runRanks(n, [&](int r) {
       NetComm& c = *g.comms[r];
-      std::vector<uint64_t> sendB(n), recvB(n);
-      std::vector<std::vector<uint8_t>> ins(n), outs(n);
-      std::vector<const void*> inPtrs(n);
-      std::vector<void*> outPtrs(n);
-      for (int j = 0; j < n; ++j) {
-        sendB[j] = bytes(r, j);
-        recvB[j] = bytes(j, r);
-        ins[j] = testing::patterned(r, j, 0, sendB[j]);
-        outs[j].assign(recvB[j] + 1, 0xee);
-        inPtrs[j] = ins[j].data();
-        outPtrs[j] = outs[j].data();
-      }
-      OpDesc a = desc(OpKind::kAlltoall, 0, DataType::kUInt8);
-      a.sendBytes = sendB.data();
-      a.recvBytes = recvB.data();
-      net::alltoall(c, a, inPtrs.data(), outPtrs.data());
-      for (int j = 0; j < n; ++j) {
-        auto want = testing::patterned(j, r, 0, recvB[j]);
-        EXPECT_TRUE(std::equal(want.begin(), want.end(), outs[j].begin()))
-            << "alltoall from " << j << " shm " << shm;
-        EXPECT_EQ(outs[j][recvB[j]], 0xee) << "alltoall from " << j << " wrote past its block";
-      }
+      SCOPED_TRACE(shm ? "over shm messages" : "over TCP");
+      checkAlltoall(c, bytes);
       for (uint64_t b : {NetComm::kEagerMax, NetComm::kEagerMax + 1}) {
         const int root = n - 1;
         std::vector<std::vector<uint8_t>> blocks(n);
