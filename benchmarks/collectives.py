@@ -15,8 +15,9 @@ rotating the order per size, so ratios compare like with like.
 
 Definitions (nccl-tests, doc/PERFORMANCE.md): S = message size in bytes (total size for
 allgather, reduce_scatter and alltoall); algbw = S / t; busbw = algbw * factor, with factor
-2(n-1)/n for allreduce, (n-1)/n for allgather, reduce_scatter and alltoall, 1 for broadcast and
-reduce; 1 GB = 1e9 B. t is the median over rounds of the MEAN over ranks (as nccl-tests) of
+2(n-1)/n for allreduce, (n-1)/n for allgather, reduce_scatter and alltoall, 1 for broadcast,
+reduce and sendrecv (nccl-tests' ring shift: every rank sends S to rank + 1 and receives S from
+rank - 1, with isend and irecv; n >= 2); 1 GB = 1e9 B. t is the median over rounds of the MEAN over ranks (as nccl-tests) of
 each rank's average time per call (the per-round means, max and min are in the JSON).
 count = elements in S. %cpy = busbw / the single-thread memcpy bandwidth (torch copy_, best of
 5) measured at the start of the same run.
@@ -69,7 +70,8 @@ import _bench_common as bc  # noqa: E402
 
 torch = dist = None  # imported in the ranks only: the launcher does not need torch
 
-OPS = ("allreduce", "broadcast", "reduce", "allgather", "reduce_scatter", "alltoall", "barrier")
+OPS = ("allreduce", "broadcast", "reduce", "allgather", "reduce_scatter", "alltoall", "sendrecv",
+       "barrier")
 REDUCTIONS = ("allreduce", "reduce", "reduce_scatter")
 SPLIT_OPS = ("allgather", "reduce_scatter", "alltoall")  # S is split in n equal parts
 DTYPE_NAMES = ("fp32", "bf16", "fp16", "int32")
@@ -84,7 +86,7 @@ def busbw_factor(op, n):
         return 2 * (n - 1) / n
     if op in SPLIT_OPS:
         return (n - 1) / n
-    return 1.0 if op in ("broadcast", "reduce") else None
+    return 1.0 if op in ("broadcast", "reduce", "sendrecv") else None
 
 
 # ---- data and checks (Note [What is checked]) ----------------------------------------------------
@@ -133,6 +135,11 @@ def prepare_check(op, inp, out, r, n):
         else:
             inp.fill_(SENTINEL)
         return [("output", inp, f_tile(ROOT, 0), 0)]
+    if op == "sendrecv":  # a ring shift: rank r's buffer goes to rank r + 1
+        bc.fill_periodic(inp, f_tile(r, 0))
+        out.fill_(SENTINEL)
+        left = (r - 1) % n
+        return [(f"buffer from rank {left}", out, f_tile(left, 0), 0)]
     if op in REDUCTIONS:
         bc.fill_periodic(inp, g_tile(r, 0))
     else:
@@ -159,6 +166,13 @@ def op_impls(op, group, inp, out, r, n, emulate):
         return [("all_to_all_single", lambda: dist.all_to_all_single(out, inp, group=group), False)]
     if op == "barrier":
         return [("barrier", lambda: dist.barrier(group=group), False)]
+    if op == "sendrecv":
+        def sendrecv():
+            works = [dist.isend(inp, (r + 1) % n, group=group),
+                     dist.irecv(out, (r - 1) % n, group=group)]
+            for w in works:
+                w.wait()
+        return [("isend+irecv", sendrecv, False)]
     if op == "allgather":
         agt = getattr(dist, "all_gather_into_tensor", None) or dist._all_gather_base
         outs = list(out.chunk(n))
@@ -181,12 +195,15 @@ def geometry(op, nbytes, esize, n):
     if op == "barrier":
         return 0, 0, 0
     c = nbytes // esize
+    if op == "sendrecv" and n == 1:
+        return None  # no peer
     if op in SPLIT_OPS:
         c = c // n * n
     if c == 0:
         return None
     k = c // n
-    ins, outs = {"allgather": (k, c), "reduce_scatter": (c, k), "alltoall": (c, c)}.get(op, (c, 0))
+    ins, outs = {"allgather": (k, c), "reduce_scatter": (c, k), "alltoall": (c, c),
+                 "sendrecv": (c, c)}.get(op, (c, 0))
     return ins, outs, c * esize
 
 
