@@ -27,9 +27,10 @@ BRAID_SETTING_BOOL(kUseCma, "BRAID_SHM_CMA", true,
                    "the OS permits it; 0 keeps every transfer in shared memory.");
 BRAID_SETTING_INT(kSpinUs, "BRAID_SHM_SPIN_US", 20,
                   "Microseconds a waiting rank spins before it sleeps on a futex.");
-BRAID_SETTING_INT(kChannelBytes, "BRAID_SHM_P2P_BYTES", 256 << 10,
-                  "Bytes of each point-to-point ring (one per ordered pair of ranks). Must be "
-                  "equal on every rank.");
+BRAID_SETTING_INT(kChannelBytes, "BRAID_SHM_P2P_BYTES", 0,
+                  "Bytes of each point-to-point ring (one per ordered pair of ranks); 0: 1 MiB "
+                  "up to 17 ranks, then 16 MiB / (ranks - 1), at least 256 KiB (Note [Ring "
+                  "size]). Must be equal on every rank.");
 
 namespace {
 constexpr uint64_t kMagic = 0x62726169642d7731ULL;  // "braid-w1"
@@ -37,6 +38,25 @@ constexpr size_t kHeaderBytes = 4096;
 constexpr std::chrono::milliseconds kLivenessPeriod{100};
 
 size_t roundUp(size_t x, size_t a) { return (x + a - 1) / a * a; }
+
+// Note [Ring size]
+// A message larger than its ring goes through it in rounds: the writer fills
+// it, sleeps until the reader has drained some, and so on, a pair of wake-ups
+// per round. 256 KiB rings cost a 1 MiB message four rounds, and a ring shift
+// (every rank sends to the next with isend and irecv, benchmarks/collectives.py
+// sendrecv, 2 ranks) took 331 us at 1 MiB and 8.8 ms at 16 MiB; with 1 MiB
+// rings 145 us and 5.6 ms, with 4 MiB 153 us and 5.1 ms (4 ranks on 2 cores: 1
+// MiB 721 us against 333). Each rank's segment holds one ring per peer, but
+// tmpfs gives a ring pages only once a message runs through it, so a pair
+// that exchanges no point-to-point message costs nothing. A group whose every
+// pair does costs n(n-1) rings, hence at most 16 MiB of rings per rank: 1 MiB
+// up to 17 ranks, less above, never below the 256 KiB of old.
+size_t defaultChannelBytes(int size) {
+  constexpr size_t kMost = 1 << 20, kLeast = 256 << 10, kPerRank = 16 << 20;
+  if (size <= 1) return kMost;
+  const size_t share = kPerRank / static_cast<size_t>(size - 1) / 4096 * 4096;
+  return std::max(kLeast, std::min(kMost, share));
+}
 
 std::vector<uint8_t> bytesOf(const std::string& s) { return {s.begin(), s.end()}; }
 std::string stringOf(const std::vector<uint8_t>& v) { return {v.begin(), v.end()}; }
@@ -119,7 +139,12 @@ ShmWindow::ShmWindow(int rank, int size, size_t slotBytes, size_t controlBytes,
 std::unique_ptr<ShmWindow> ShmWindow::create(Store& store, int rank, int size,
                                              const WindowOptions& opts) {
   size_t slot = opts.slotBytes ? opts.slotBytes : static_cast<size_t>(kSlotBytes.get());
-  size_t chan = opts.channelBytes ? opts.channelBytes : static_cast<size_t>(kChannelBytes.get());
+  const int64_t chanSetting = kChannelBytes.get();
+  BRAID_ENFORCE(chanSetting >= 0, "init", rank, "BRAID_SHM_P2P_BYTES must be >= 0, got ",
+                chanSetting);
+  size_t chan = opts.channelBytes            ? opts.channelBytes
+                : chanSetting ? static_cast<size_t>(chanSetting)
+                              : defaultChannelBytes(size);
   BRAID_ENFORCE(slot >= 4096 && slot % 64 == 0, "init", rank,
                 "BRAID_SHM_SLOT_BYTES must be a multiple of 64 and at least 4096, got ", slot);
   BRAID_ENFORCE(slot >= 64 * static_cast<size_t>(size), "init", rank,

@@ -17,7 +17,7 @@ namespace shm {
 
 struct WindowOptions {
   size_t slotBytes = 0;     // 0: BRAID_SHM_SLOT_BYTES
-  size_t channelBytes = 0;  // 0: BRAID_SHM_P2P_BYTES
+  size_t channelBytes = 0;  // 0: BRAID_SHM_P2P_BYTES (Note [Ring size] in window.cc)
   // Bytes of each slot's control area, for its user's headers (the
   // collectives: Communicator::controlBytesFor); 0 when only the byte
   // channels are used (ShmTransport). The window does not read them.
