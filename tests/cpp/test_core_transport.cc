@@ -280,6 +280,19 @@ TEST(ShmDirect, ASendWaitsForItsReceiveAndFailsWhenEitherSideLeaves) {
   for (auto& t : ts) t->close();
 }
 
+// Note [Ring size]: 1 MiB up to 17 ranks, then 16 MiB over the peers (in
+// pages), never below 256 KiB.
+TEST(ShmRings, DefaultSizeFollowsTheGroupSize) {
+  using transport::shm::defaultChannelBytes;
+  EXPECT_EQ(defaultChannelBytes(1), size_t{1} << 20);
+  EXPECT_EQ(defaultChannelBytes(2), size_t{1} << 20);
+  EXPECT_EQ(defaultChannelBytes(17), size_t{1} << 20);
+  EXPECT_EQ(defaultChannelBytes(18), (size_t{16} << 20) / 17 / 4096 * 4096);  // 984 KiB
+  EXPECT_EQ(defaultChannelBytes(33), size_t{512} << 10);
+  EXPECT_EQ(defaultChannelBytes(65), size_t{256} << 10);
+  EXPECT_EQ(defaultChannelBytes(1000), size_t{256} << 10);
+}
+
 TEST(RoutedTransport, TcpRefusesPeersItSkips) {
   testing::MemoryStore store;
   std::vector<std::unique_ptr<Transport>> ts(3);

@@ -42,21 +42,27 @@ size_t roundUp(size_t x, size_t a) { return (x + a - 1) / a * a; }
 // Note [Ring size]
 // A message larger than its ring goes through it in rounds: the writer fills
 // it, sleeps until the reader has drained some, and so on, a pair of wake-ups
-// per round. 256 KiB rings cost a 1 MiB message four rounds, and a ring shift
+// per round. 256 KiB rings cost a 1 MiB message four rounds. A ring shift
 // (every rank sends to the next with isend and irecv, benchmarks/collectives.py
-// sendrecv, 2 ranks) took 331 us at 1 MiB and 8.8 ms at 16 MiB; with 1 MiB
-// rings 145 us and 5.6 ms, with 4 MiB 153 us and 5.1 ms (4 ranks on 2 cores: 1
-// MiB 721 us against 333). Each rank's segment holds one ring per peer, but
+// sendrecv, 2 ranks, alternating runs) took 292-330 us at 1 MiB and 8.4 ms at
+// 16 MiB with 256 KiB rings, 208-224 us and 4.9-5.0 ms with 1 MiB; 4 MiB rings
+// gained little more (5.1 against 5.6 ms in one sweep); at 4 ranks on 2 cores,
+// 16 MiB took 11.6-14.5 ms against 8.5-10.4 (benchmarks/results/p2p-rings.txt).
+// Each rank's segment holds one ring per peer, but
 // tmpfs gives a ring pages only once a message runs through it, so a pair
 // that exchanges no point-to-point message costs nothing. A group whose every
 // pair does costs n(n-1) rings, hence at most 16 MiB of rings per rank: 1 MiB
 // up to 17 ranks, less above, never below the 256 KiB of old.
+}  // namespace
+
 size_t defaultChannelBytes(int size) {
   constexpr size_t kMost = 1 << 20, kLeast = 256 << 10, kPerRank = 16 << 20;
   if (size <= 1) return kMost;
   const size_t share = kPerRank / static_cast<size_t>(size - 1) / 4096 * 4096;
   return std::max(kLeast, std::min(kMost, share));
 }
+
+namespace {
 
 std::vector<uint8_t> bytesOf(const std::string& s) { return {s.begin(), s.end()}; }
 std::string stringOf(const std::vector<uint8_t>& v) { return {v.begin(), v.end()}; }

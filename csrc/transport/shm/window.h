@@ -37,6 +37,10 @@ struct WindowOptions {
   size_t directMin = 0;
 };
 
+// The point-to-point ring size when BRAID_SHM_P2P_BYTES is 0, for a group of
+// `size` ranks (Note [Ring size] in window.cc).
+size_t defaultChannelBytes(int size);
+
 class RingChannel;
 
 class ShmWindow : public Window {
