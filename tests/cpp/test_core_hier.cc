@@ -363,6 +363,44 @@ TEST(Hier, OtherCollectivesAndPointToPoint) {
   });
 }
 
+// Note [Point-to-point across hosts]: a receive past its deadline aborts the
+// transport and fails, naming itself; posted while the watcher sleeps on a
+// later deadline, it wakes the watcher (net_p2p.cc, watch()).
+TEST(Hier, P2PReceivePastItsDeadlineFailsNamingIt) {
+  HierFixture f({0, 1});
+  std::promise<void> done;
+  std::shared_future<void> over = done.get_future().share();
+  runRanks(2, [&](int r) {
+    auto& p2p = f.groups[r]->p2p();
+    if (r == 1) {
+      over.wait();
+      return;
+    }
+    int64_t a = 0, b = 0;
+    std::promise<std::exception_ptr> late, soon;
+    const auto now = transport::Clock::now();
+    p2p.postRecv(1, 8, &a, sizeof(a), now + std::chrono::seconds(20), std::chrono::seconds(20),
+                 [&](std::exception_ptr e, int) { late.set_value(e); });
+    std::this_thread::sleep_for(std::chrono::milliseconds(20));  // the watcher sleeps
+    const auto posted = transport::Clock::now();
+    p2p.postRecv(1, 9, &b, sizeof(b), posted + std::chrono::milliseconds(30),
+                 std::chrono::milliseconds(30),
+                 [&](std::exception_ptr e, int) { soon.set_value(e); });
+    std::exception_ptr e = soon.get_future().get();
+    const auto took = transport::Clock::now() - posted;
+    ASSERT_NE(e, nullptr);
+    try {
+      std::rethrow_exception(e);
+    } catch (const std::exception& x) {
+      EXPECT_NE(std::string(x.what()).find("timed out after 30 ms"), std::string::npos) << x.what();
+      EXPECT_NE(std::string(x.what()).find("tag"), std::string::npos) << x.what();
+    }
+    EXPECT_LT(took, std::chrono::seconds(5));
+    EXPECT_NE(late.get_future().get(), nullptr);  // the abort fails it too
+    done.set_value();
+  });
+}
+
 // A mismatch between hosts fails every rank before any data moves (the
 // world's header exchange), naming both values, and the group stays usable.
 TEST(Hier, MismatchAcrossHostsFailsEveryRankAndKeepsTheGroup) {

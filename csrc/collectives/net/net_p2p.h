@@ -66,6 +66,9 @@ class NetP2P : public PointToPoint {
   std::mutex mu_;
   std::condition_variable cv_;
   std::list<Watched> watched_;
+  // When loop() wakes next by itself (min: it is not asleep); a post wakes it
+  // only for an earlier deadline.
+  transport::Clock::time_point sleepsUntil_ = transport::Clock::time_point::min();
   bool stop_ = false;
   std::thread thread_;
 };
