@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <cstddef>
 #include <cstring>
+#include <utility>
 
 #include "common/error.h"
 #include "common/thread_name.h"
@@ -105,10 +106,14 @@ void P2PEngine::postSend(int dst, int64_t tag, const void* data, size_t bytes,
     BRAID_ENFORCE(!stop_, "send", rank_, "the group was shut down");
     if (direct) s->frame.id = nextId_++;
     // sendHere leaves `s` empty when it queued the rest of it.
-    const bool wroteHere = !direct && completeHere && sendHere(s);
-    if (!wroteHere) newSends_.push_back(std::move(s));
+    const bool wroteHere = !direct && sendHere(s);
+    if (!wroteHere) {
+      newSends_.push_back(std::move(s));
+    } else if (s && !completeHere) {
+      writtenHere_.push_back(std::move(s));  // the engine runs its callback
+    }
   }
-  if (!s) {  // the engine sends it, or the rest of it
+  if (!s) {  // the engine sends it, or the rest of it, or completes it
     w_.notifyActivity();
     return;
   }
@@ -123,11 +128,12 @@ void P2PEngine::postSend(int dst, int64_t tag, const void* data, size_t bytes,
 // before its bytes reach the ring, and then the receiver's: on a busy host
 // the first one is as slow as the second. When nothing is queued ahead of it
 // to the same rank, the posting thread writes the message into the ring
-// itself (ringMu_ orders it with the engine's writes) and, when it all fit,
-// completes it there: only for callers without a completion callback
-// (`completeHere`: ShmTransport's requests without one), since callbacks run
-// on the engine's thread. What does not fit is left to the engine, from where
-// the poster stopped. Called with mu_ held, so no send to `dst` is waiting
+// itself (ringMu_ orders it with the engine's writes). When it all fit, a
+// caller without a completion callback (`completeHere`: ShmTransport's
+// requests without one) has it completed there; any other send is completed
+// by the engine (writtenHere_), since callbacks run on the engine's thread:
+// its bytes no longer wait for that wake-up, only its completion does. What
+// does not fit is left to the engine, from where the poster stopped. Called with mu_ held, so no send to `dst` is waiting
 // in newSends_ unseen. True when it wrote `s`, all of it (`s` is kept, to be
 // completed) or part (`s` is queued to the engine).
 bool P2PEngine::sendHere(std::unique_ptr<Send>& s) {
@@ -525,9 +531,11 @@ void P2PEngine::loop() {
     uint32_t epoch = w_.activityEpoch();
     bool stop;
     std::vector<std::unique_ptr<Recv>> posted;
+    std::vector<std::unique_ptr<Send>> written;
     {
       std::lock_guard<std::mutex> lock(mu_);
       stop = stop_;
+      written.swap(writtenHere_);
       for (auto& s : newSends_) {
         std::lock_guard<std::mutex> ring(*ringMu_[s->dst]);
         sends_[s->dst].push_back(std::move(s));
@@ -537,7 +545,9 @@ void P2PEngine::loop() {
     }
     try {
       // Outside the lock: a match completes the receive, and its callback may
-      // post the next op.
+      // post the next op. Sends the posters wrote whole first: a later send
+      // to the same rank went into the ring after them.
+      for (auto& s : written) complete(*std::exchange(s, nullptr), nullptr);
       for (auto& r : posted) {
         if (!matchUnexpected(*r)) recvs_.push_back(std::move(r));
       }
@@ -560,6 +570,9 @@ void P2PEngine::loop() {
         if (r) recvs_.push_back(std::move(r));
       }
       std::lock_guard<std::mutex> lock(mu_);
+      for (auto& w : written) {
+        if (w) writtenHere_.push_back(std::move(w));
+      }
       stop_ = true;
       break;
     }
@@ -576,6 +589,12 @@ void P2PEngine::loop() {
   if (!awaiting_.empty()) w_.markClosed();
   for (auto& [id, s] : awaiting_) complete(*s, err("send"));
   for (auto& r : recvs_) complete(*r, err("recv"), r->src);
+  std::vector<std::unique_ptr<Send>> late;  // all of each is in the ring
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    late.swap(writtenHere_);
+  }
+  for (auto& s : late) complete(*s, nullptr);
   std::lock_guard<std::mutex> lock(mu_);
   for (auto& s : newSends_) complete(*s, err("send"));
   for (auto& r : newRecvs_) complete(*r, err("recv"), r->src);

@@ -119,6 +119,9 @@ class P2PEngine : public PointToPoint {
   const size_t directMin_;
   std::mutex mu_;  // guards the posted lists handed over by callers
   std::vector<std::unique_ptr<Send>> newSends_;
+  // Sends a posting thread wrote whole, for the engine to complete (Note
+  // [Sends from the posting thread]).
+  std::vector<std::unique_ptr<Send>> writtenHere_;
   std::vector<std::unique_ptr<Recv>> newRecvs_;
   bool stop_ = false;
   uint64_t nextId_ = 0;  // of sends read in place, under mu_
