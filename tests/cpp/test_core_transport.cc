@@ -7,6 +7,10 @@
 // of them has (authentication, framing, striping) is tested in
 // test_core_tcp.cc and test_core_tcp_faults.cc.
 #include <gtest/gtest.h>
+#include <sched.h>
+#include <sys/mount.h>
+#include <sys/wait.h>
+#include <unistd.h>
 
 #include <atomic>
 #include <functional>
@@ -291,6 +295,101 @@ TEST(ShmRings, DefaultSizeFollowsTheGroupSize) {
   EXPECT_EQ(defaultChannelBytes(33), size_t{512} << 10);
   EXPECT_EQ(defaultChannelBytes(65), size_t{256} << 10);
   EXPECT_EQ(defaultChannelBytes(1000), size_t{256} << 10);
+}
+
+// Note [Reserved shared memory]: with too little room in /dev/shm, making a
+// window fails on every rank naming the room, and a ring's first message
+// fails its send; nothing raises SIGBUS. The cases run in a child process
+// that has a 3 MiB /dev/shm of its own (a mount namespace; needs root): it
+// runs this binary again with ShmRoom.Inside alone.
+TEST(ShmRoom, AFullDevShmFailsCleanly) {
+  int out[2];
+  ASSERT_EQ(pipe(out), 0);
+  pid_t pid = fork();
+  if (pid == 0) {
+    dup2(out[1], 1);
+    dup2(out[1], 2);
+    close(out[0]);
+    if (unshare(CLONE_NEWNS) != 0 || mount(nullptr, "/", nullptr, MS_REC | MS_PRIVATE, nullptr) ||
+        mount("tmpfs", "/dev/shm", "tmpfs", 0, "size=3m") != 0) {
+      _exit(77);
+    }
+    setenv("BRAID_TEST_SMALL_SHM", "1", 1);
+    execl("/proc/self/exe", "test_core_transport", "--gtest_filter=ShmRoom.Inside", nullptr);
+    _exit(78);
+  }
+  close(out[1]);
+  std::string got;
+  char buf[4096];
+  for (ssize_t n; (n = read(out[0], buf, sizeof buf)) > 0;) got.append(buf, n);
+  close(out[0]);
+  int status = 0;
+  waitpid(pid, &status, 0);
+  if (WIFEXITED(status) && WEXITSTATUS(status) == 77) {
+    GTEST_SKIP() << "cannot mount a /dev/shm of its own here (needs root)";
+  }
+  EXPECT_TRUE(WIFEXITED(status) && WEXITSTATUS(status) == 0) << got;
+  EXPECT_NE(got.find("[  PASSED  ] 1 test"), std::string::npos) << got;
+  EXPECT_EQ(got.find("SKIPPED"), std::string::npos) << got;
+}
+
+TEST(ShmRoom, Inside) {
+  if (!getenv("BRAID_TEST_SMALL_SHM")) GTEST_SKIP() << "runs in ShmRoom.AFullDevShmFailsCleanly";
+  // Two ranks with 1 MiB slots need 2 MiB each for their slots alone.
+  {
+    testing::MemoryStore store;
+    std::vector<std::string> errors(2);
+    runRanks(2, [&](int r) {
+      transport::shm::WindowOptions w;
+      w.slotBytes = 1 << 20;
+      w.timeout = std::chrono::milliseconds(20000);
+      try {
+        transport::shm::connect(store, r, 2, w);
+      } catch (const Error& e) {
+        errors[r] = e.what();
+      }
+    });
+    int reserved = 0;
+    for (int r = 0; r < 2; ++r) {
+      SCOPED_TRACE(errors[r]);
+      EXPECT_NE(errors[r].find("braid init (rank " + std::to_string(r) + ")"), std::string::npos);
+      if (errors[r].find("cannot reserve") != std::string::npos) {
+        ++reserved;
+        EXPECT_NE(errors[r].find("this rank's slots"), std::string::npos);
+        EXPECT_NE(errors[r].find("/dev/shm has"), std::string::npos);
+        EXPECT_NE(errors[r].find("--shm-size"), std::string::npos);
+      } else {
+        EXPECT_NE(errors[r].find("could not make its shared memory"), std::string::npos);
+      }
+    }
+    EXPECT_GE(reserved, 1);
+  }
+  // Small slots fit; the first 2 MiB ring fits, the second does not.
+  testing::MemoryStore store;
+  std::vector<std::unique_ptr<Transport>> ts(2);
+  runRanks(2, [&](int r) {
+    transport::shm::WindowOptions w;
+    w.slotBytes = 64 << 10;
+    w.channelBytes = 2 << 20;
+    w.peerNames = {"rank 0", "rank 1"};
+    ts[r] = transport::shm::connect(store, r, 2, w);
+  });
+  auto msg = patterned(0, 1, 5, 64 << 10);
+  std::vector<uint8_t> got(msg.size());
+  auto rq = ts[1]->irecv(0, 5, got.data(), got.size(), nullptr);
+  ts[0]->isend(1, 5, msg.data(), msg.size(), nullptr)->wait(after(kWaitMs));
+  rq->wait(after(kWaitMs));
+  EXPECT_EQ(got, msg);
+  try {
+    ts[1]->isend(0, 6, msg.data(), msg.size(), nullptr)->wait(after(kWaitMs));
+    ADD_FAILURE() << "a send whose ring has no room did not fail";
+  } catch (const Error& e) {
+    const std::string what = e.what();
+    EXPECT_NE(what.find("cannot reserve 2.0 MiB of shared memory for the ring to rank 0"),
+              std::string::npos) << what;
+    EXPECT_NE(what.find("No space left on device"), std::string::npos) << what;
+  }
+  for (auto& t : ts) t->close();
 }
 
 TEST(RoutedTransport, TcpRefusesPeersItSkips) {

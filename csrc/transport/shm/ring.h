@@ -4,6 +4,8 @@
 #include <algorithm>
 #include <atomic>
 #include <cstring>
+#include <functional>
+#include <utility>
 
 #include "transport/shm/futex.h"
 #include "transport/window.h"
@@ -32,8 +34,11 @@ struct alignas(64) RingHeader {
 class RingChannel : public ByteChannel {
  public:
   // `wakeOther` is the activity counter of the rank at the other end.
-  RingChannel(RingHeader* h, uint8_t* buf, size_t cap, Counter* wakeOther)
-      : h_(h), buf_(buf), cap_(cap), wakeOther_(wakeOther) {}
+  // `reserve` (the writer's end only) runs before the first write and throws
+  // when the ring's memory cannot be had (Note [Reserved shared memory]).
+  RingChannel(RingHeader* h, uint8_t* buf, size_t cap, Counter* wakeOther,
+              std::function<void()> reserve = {})
+      : h_(h), buf_(buf), cap_(cap), wakeOther_(wakeOther), reserve_(std::move(reserve)) {}
 
   size_t write(const void* src, size_t n) override {
     n = writeQuiet(src, n);
@@ -44,6 +49,10 @@ class RingChannel : public ByteChannel {
   void wakeReader() override { wakeOther_->poke(); }
 
   size_t writeQuiet(const void* src, size_t n) override {
+    if (reserve_ && !reserved_.load(std::memory_order_acquire)) {
+      reserve_();
+      reserved_.store(true, std::memory_order_release);
+    }
     uint64_t head = h_->head.load(std::memory_order_relaxed);
     uint64_t tail = h_->tail.load(std::memory_order_acquire);
     if (cap_ - (head - tail) < n) {  // Note [Waking a writer only when it waits]
@@ -95,6 +104,8 @@ class RingChannel : public ByteChannel {
   uint8_t* buf_;
   size_t cap_;
   Counter* wakeOther_;
+  std::function<void()> reserve_;
+  std::atomic<bool> reserved_{false};
 };
 
 }  // namespace shm

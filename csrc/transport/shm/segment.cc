@@ -5,6 +5,7 @@
 #include <signal.h>
 #include <sys/mman.h>
 #include <sys/stat.h>
+#include <sys/statvfs.h>
 #include <unistd.h>
 
 #include <cerrno>
@@ -53,7 +54,8 @@ std::string freshName() {
   return "/braid." + pidNamespaceTag() + "." + std::to_string(getpid()) + "." + buf;
 }
 
-uint8_t* mapFd(int fd, size_t bytes, const std::string& name) {
+// Closes fd unless `keep` (and always on failure).
+uint8_t* mapFd(int fd, size_t bytes, const std::string& name, bool keep = false) {
   void* p = mmap(nullptr, bytes, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
   if (p == MAP_FAILED) {
     int e = errno;
@@ -61,8 +63,14 @@ uint8_t* mapFd(int fd, size_t bytes, const std::string& name) {
     throw Error(strCat("braid shm: mmap of ", name, " (", bytes, " bytes) failed: ",
                        std::strerror(e)));
   }
-  close(fd);
+  if (!keep) close(fd);
   return static_cast<uint8_t*>(p);
+}
+
+std::string mib(uint64_t bytes) {
+  char buf[32];
+  snprintf(buf, sizeof buf, "%.1f MiB", static_cast<double>(bytes) / (1 << 20));
+  return buf;
 }
 
 }  // namespace
@@ -73,6 +81,10 @@ Segment::~Segment() {
 }
 
 void Segment::release() {
+  if (fd_ >= 0) {
+    close(fd_);
+    fd_ = -1;
+  }
   if (!base_) return;
 #ifdef BRAID_SHARE_MAPPINGS
   {
@@ -99,6 +111,7 @@ Segment& Segment::operator=(Segment&& o) noexcept {
     base_ = std::exchange(o.base_, nullptr);
     bytes_ = std::exchange(o.bytes_, 0);
     linked_ = std::exchange(o.linked_, false);
+    fd_ = std::exchange(o.fd_, -1);
   }
   return *this;
 }
@@ -121,7 +134,8 @@ Segment Segment::create(size_t bytes) {
                          " bytes: ", std::strerror(e), " (is /dev/shm large enough?)"));
     }
     s.bytes_ = bytes;
-    s.base_ = mapFd(fd, bytes, s.name_);
+    s.base_ = mapFd(fd, bytes, s.name_, /*keep=*/true);
+    s.fd_ = fd;
 #ifdef BRAID_SHARE_MAPPINGS
     std::lock_guard<std::mutex> lock(sharedMu());
     shared()[s.name_] = SharedMapping{s.base_, 1};
@@ -157,6 +171,32 @@ Segment Segment::open(const std::string& name, size_t bytes) {
   s.bytes_ = bytes;
   s.base_ = mapFd(fd, bytes, name);
   return s;
+}
+
+// Note [Reserved shared memory]
+// A segment is sized with ftruncate, which allocates nothing: tmpfs gives a
+// page when it is first touched, and when /dev/shm is full (a container's is
+// often 64 MiB) that touch raises SIGBUS and the process dies. So every range
+// is reserved before it is touched, with posix_fallocate, which fails cleanly
+// instead: a window reserves its header, control area and slots when it is
+// made (its creation fails, naming the room it lacks, on every rank), and each
+// point-to-point ring when its first message is written into it (the send
+// fails), so rings that carry nothing still cost nothing (Note [Ring size]).
+void Segment::reserve(size_t offset, size_t bytes, const std::string& what) const {
+  if (fd_ < 0 || bytes == 0) return;
+  int e = posix_fallocate(fd_, static_cast<off_t>(offset), static_cast<off_t>(bytes));
+  if (e == 0) return;
+  std::string room;
+  struct statvfs st;
+  if (statvfs("/dev/shm", &st) == 0) {
+    room = strCat("; /dev/shm has ", mib(uint64_t(st.f_bavail) * st.f_frsize), " free of ",
+                  mib(uint64_t(st.f_blocks) * st.f_frsize));
+  }
+  throw Error(strCat("braid shm: cannot reserve ", mib(bytes), " of shared memory for ", what,
+                     ": ", std::strerror(e), room,
+                     e == ENOSPC ? " (give /dev/shm more room, e.g. docker run --shm-size=1g, or "
+                                   "lower BRAID_SHM_SLOT_BYTES or BRAID_SHM_P2P_BYTES)"
+                                 : ""));
 }
 
 void Segment::unlink() {

@@ -30,6 +30,10 @@ class Segment {
   static Segment open(const std::string& name, size_t bytes);  // throws braid::Error
 
   void unlink();  // idempotent
+  // Note [Reserved shared memory]: gives [offset, offset + bytes) of a segment
+  // this process created its pages now; throws braid::Error naming /dev/shm's
+  // room when there are not enough (where touching them would raise SIGBUS).
+  void reserve(size_t offset, size_t bytes, const std::string& what) const;
   uint8_t* base() const { return base_; }
   size_t bytes() const { return bytes_; }
   const std::string& name() const { return name_; }
@@ -41,6 +45,7 @@ class Segment {
   uint8_t* base_ = nullptr;
   size_t bytes_ = 0;
   bool linked_ = false;
+  int fd_ = -1;  // a created segment's, kept for reserve()
 };
 
 // Note [One mapping per process under TSan]

@@ -207,7 +207,20 @@ std::unique_ptr<ShmWindow> ShmWindow::create(Store& store, int rank, int size,
   sweepStale();
   w->segments_.resize(size);
   Segment& mine = w->segments_[rank];
-  mine = Segment::create(w->totalBytes_);
+  const std::string failedMark(1, '\x01');  // a name key that says why there is no segment
+  try {
+    // Note [Reserved shared memory]: what is touched now or by every op.
+    mine = Segment::create(w->totalBytes_);
+    mine.reserve(0, w->channelOffset_, "this rank's slots");
+    for (int j = 0; j < size; ++j) {
+      mine.reserve(w->ringOffset(j), sizeof(RingHeader), "this rank's rings");
+    }
+  } catch (const Error& e) {
+    mine.unlink();
+    // The peers wait for this rank's segment: they fail now, with its reason.
+    store.set(prefix + "name/" + std::to_string(rank), bytesOf(failedMark + e.what()));
+    BRAID_THROW(Error, "init", rank, e.what());
+  }
   try {
     auto* h = new (mine.base()) RankHeader();
     h->magic = kMagic;
@@ -218,13 +231,15 @@ std::unique_ptr<ShmWindow> ShmWindow::create(Store& store, int rank, int size,
     w->probe_ = std::make_unique<uint64_t>(0x9e3779b97f4a7c15ULL ^ (uint64_t(rank) << 17));
     h->probeAddr = reinterpret_cast<uint64_t>(w->probe_.get());
     h->probeValue = *w->probe_;
-    for (int j = 0; j < size; ++j) {
-      new (mine.base() + w->channelOffset_ + j * (sizeof(RingHeader) + chan)) RingHeader();
-    }
+    for (int j = 0; j < size; ++j) new (mine.base() + w->ringOffset(j)) RingHeader();
     store.set(prefix + "name/" + std::to_string(rank), bytesOf(mine.name()));
     for (int r = 0; r < size; ++r) {
       if (r == rank) continue;
       std::string name = stringOf(store.get(prefix + "name/" + std::to_string(r), opts.timeout));
+      if (name.compare(0, failedMark.size(), failedMark) == 0) {
+        BRAID_THROW(Error, "init", rank, "rank ", r, " could not make its shared memory: ",
+                    name.substr(failedMark.size()));
+      }
       w->segments_[r] = Segment::open(name, w->totalBytes_);
       BRAID_ENFORCE(w->header(r)->magic == kMagic, "init", rank, "segment of rank ", r,
                     " has a foreign layout");
@@ -260,13 +275,17 @@ void ShmWindow::layout() {
   to_.resize(size_);
   from_.resize(size_);
   for (int peer = 0; peer < size_; ++peer) {
-    size_t mineOff = channelOffset_ + peer * (sizeof(RingHeader) + channelBytes_);
-    size_t theirsOff = channelOffset_ + rank_ * (sizeof(RingHeader) + channelBytes_);
+    const size_t mineOff = ringOffset(peer), theirsOff = ringOffset(rank_);
     uint8_t* m = segments_[rank_].base() + mineOff;
     uint8_t* t = segments_[peer].base() + theirsOff;
+    // Note [Reserved shared memory]: a ring's pages when it first carries a message.
+    auto reserve = [this, mineOff, peer] {
+      segments_[rank_].reserve(mineOff, sizeof(RingHeader) + channelBytes_,
+                               strCat("the ring to ", who(peer)));
+    };
     to_[peer] = std::make_unique<RingChannel>(reinterpret_cast<RingHeader*>(m),
                                               m + sizeof(RingHeader), channelBytes_,
-                                              &header(peer)->activity);
+                                              &header(peer)->activity, reserve);
     from_[peer] = std::make_unique<RingChannel>(reinterpret_cast<RingHeader*>(t),
                                                 t + sizeof(RingHeader), channelBytes_,
                                                 &header(peer)->activity);
@@ -359,6 +378,10 @@ void ShmWindow::failWait(const std::vector<int>& missing, uint64_t step, const W
   for (size_t i = 0; i < missing.size(); ++i) list += strCat(i ? ", " : "", who(missing[i]));
   BRAID_THROW(TimeoutError, ctx.op, rank_, "Timed out after ", ctx.timeout.count(),
               " ms waiting for ", list, " (op #", ctx.opSeq, ")");
+}
+
+size_t ShmWindow::ringOffset(int peer) const {
+  return channelOffset_ + peer * (sizeof(RingHeader) + channelBytes_);
 }
 
 std::string ShmWindow::who(int r) const {

@@ -89,6 +89,8 @@ class ShmWindow : public Window {
   const size_t controlBytes_;
   const size_t channelBytes_;
   size_t controlOffset_ = 0, dataOffset_ = 0, channelOffset_ = 0, totalBytes_ = 0;
+  // Where the ring this rank writes to `peer` starts in its own segment.
+  size_t ringOffset(int peer) const;
   std::vector<Segment> segments_;  // by rank; segments_[rank_] is ours
   std::vector<std::unique_ptr<RingChannel>> to_, from_;
   std::atomic<bool> aborted_{false};
