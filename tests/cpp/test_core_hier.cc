@@ -423,6 +423,49 @@ TEST(Hier, MismatchAcrossHostsFailsEveryRankAndKeepsTheGroup) {
   });
 }
 
+// Note [Eager data] through the hierarchy's header relay: an alltoall's and a
+// scatter's blocks travel before the relayed check; when it fails, every rank
+// throws, and the group goes on.
+TEST(Hier, EagerBlocksOfAFailedCheckAcrossHostsKeepTheGroup) {
+  HierFixture f({0, 0, 1, 1});
+  runRanks(4, [&](int r) {
+    Group& g = *f.groups[r];
+    std::vector<uint64_t> sendB(4, 100), recvB(4, 100);
+    if (r == 3) recvB[0] = 101;  // rank 0 sends 100 bytes, rank 3 expects 101
+    std::vector<uint8_t> src(4 * 128, static_cast<uint8_t>(r)), dst(4 * 128);
+    std::vector<const void*> ins(4);
+    std::vector<void*> outs(4);
+    for (int j = 0; j < 4; ++j) {
+      ins[j] = src.data() + 128 * j;
+      outs[j] = dst.data() + 128 * j;
+    }
+    OpDesc a = desc(OpKind::kAlltoall, 0, DataType::kUInt8);
+    a.sendBytes = sendB.data();
+    a.recvBytes = recvB.data();
+    try {
+      g.alltoall(a, ins.data(), outs.data());
+      ADD_FAILURE() << "rank " << r << ": no error";
+    } catch (const Error& e) {
+      EXPECT_NE(std::string(e.what()).find("rank 0 sends 100 bytes to rank 3, which expects 101"),
+                std::string::npos) << e.what();
+    }
+    // A scatter whose ranks disagree on the count (the root's blocks go eagerly).
+    std::vector<float> got(r == 2 ? 1001 : 1000);
+    std::vector<std::vector<float>> blocks(4, std::vector<float>(1000, 7.0f));
+    std::vector<const void*> bp(4);
+    for (int q = 0; q < 4; ++q) bp[q] = blocks[q].data();
+    try {
+      g.scatter(desc(OpKind::kScatter, got.size(), DataType::kFloat32, 1), bp.data(), got.data());
+      ADD_FAILURE() << "rank " << r << ": no error";
+    } catch (const Error& e) {
+      EXPECT_NE(std::string(e.what()).find("1001"), std::string::npos) << e.what();
+    }
+    recvB[0] = 100;
+    g.alltoall(a, ins.data(), outs.data());
+    for (int j = 0; j < 4; ++j) EXPECT_EQ(dst[128 * j + 99], j) << "block from " << j;
+  });
+}
+
 // Host mates that disagree fail every rank, on both hosts, with both values,
 // before any data moves, and the group stays usable: a small allreduce (no
 // host sums are made, Note [Small allreduce across hosts]), a staged one, a
