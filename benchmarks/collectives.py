@@ -14,12 +14,13 @@ the --env values are set, and every (op, dtype, size) point is timed on each bac
 rotating the order per size, so ratios compare like with like.
 
 Definitions (nccl-tests, doc/PERFORMANCE.md): S = message size in bytes (total size for
-allgather, reduce_scatter and alltoall); algbw = S / t; busbw = algbw * factor, with factor
-2(n-1)/n for allreduce, (n-1)/n for allgather, reduce_scatter and alltoall, 1 for broadcast,
-reduce and sendrecv (nccl-tests' ring shift: every rank sends S to rank + 1 and receives S from
-rank - 1, with isend and irecv; n >= 2); 1 GB = 1e9 B. t is the median over rounds of the MEAN over ranks (as nccl-tests) of
-each rank's average time per call (the per-round means, max and min are in the JSON).
-count = elements in S. %cpy = busbw / the single-thread memcpy bandwidth (torch copy_, best of
+allgather, reduce_scatter, alltoall, gather and scatter: the root's buffer of n blocks for the
+last two); algbw = S / t; busbw = algbw * factor, with factor 2(n-1)/n for allreduce, (n-1)/n for
+allgather, reduce_scatter, alltoall, gather and scatter (the root's link carries n-1 blocks), 1
+for broadcast, reduce and sendrecv (nccl-tests' ring shift: every rank sends S to rank + 1 and
+receives S from rank - 1, with isend and irecv; n >= 2); 1 GB = 1e9 B. t is the median over
+rounds of the MEAN over ranks (as nccl-tests) of each rank's average time per call (the
+per-round means, max and min are in the JSON). count = elements in S. %cpy = busbw / the single-thread memcpy bandwidth (torch copy_, best of
 5) measured at the start of the same run.
 
 Note [Rounds]
@@ -70,10 +71,10 @@ import _bench_common as bc  # noqa: E402
 
 torch = dist = None  # imported in the ranks only: the launcher does not need torch
 
-OPS = ("allreduce", "broadcast", "reduce", "allgather", "reduce_scatter", "alltoall", "sendrecv",
-       "barrier")
+OPS = ("allreduce", "broadcast", "reduce", "allgather", "reduce_scatter", "alltoall", "gather",
+       "scatter", "sendrecv", "barrier")
 REDUCTIONS = ("allreduce", "reduce", "reduce_scatter")
-SPLIT_OPS = ("allgather", "reduce_scatter", "alltoall")  # S is split in n equal parts
+SPLIT_OPS = ("allgather", "reduce_scatter", "alltoall", "gather", "scatter")  # S: n equal parts
 DTYPE_NAMES = ("fp32", "bf16", "fp16", "int32")
 ROOT = 0
 PERIOD = 21  # inputs and expected outputs repeat with this period (see f_tile, g_tile)
@@ -140,10 +141,20 @@ def prepare_check(op, inp, out, r, n):
         out.fill_(SENTINEL)
         left = (r - 1) % n
         return [(f"buffer from rank {left}", out, f_tile(left, 0), 0)]
+    if op == "scatter":  # the root's buffer, block q to rank q
+        k = out.numel()
+        bc.fill_periodic(inp, f_tile(ROOT, 0))
+        out.fill_(SENTINEL)
+        return [("block from the root", out, f_tile(ROOT, r * k), 0)]
     if op in REDUCTIONS:
         bc.fill_periodic(inp, g_tile(r, 0))
     else:
         bc.fill_periodic(inp, f_tile(r, 0))
+    if op == "gather":  # rank q's input to block q of the root's output
+        out.fill_(SENTINEL)
+        k = inp.numel()
+        return [(f"block from rank {q}", out[q * k:(q + 1) * k], f_tile(q, 0), 0)
+                for q in range(n)] if r == ROOT else []
     if op in ("allreduce", "reduce"):
         return [("output", inp, sum_tile(n, 0), atol)] if op == "allreduce" or r == ROOT else []
     out.fill_(SENTINEL)
@@ -166,6 +177,12 @@ def op_impls(op, group, inp, out, r, n, emulate):
         return [("all_to_all_single", lambda: dist.all_to_all_single(out, inp, group=group), False)]
     if op == "barrier":
         return [("barrier", lambda: dist.barrier(group=group), False)]
+    if op == "gather":
+        blocks = list(out.chunk(n)) if r == ROOT else None
+        return [("gather", lambda: dist.gather(inp, blocks, dst=ROOT, group=group), False)]
+    if op == "scatter":
+        blocks = list(inp.chunk(n)) if r == ROOT else None
+        return [("scatter", lambda: dist.scatter(out, blocks, src=ROOT, group=group), False)]
     if op == "sendrecv":
         def sendrecv():
             works = [dist.isend(inp, (r + 1) % n, group=group),
@@ -203,7 +220,7 @@ def geometry(op, nbytes, esize, n):
         return None
     k = c // n
     ins, outs = {"allgather": (k, c), "reduce_scatter": (c, k), "alltoall": (c, c),
-                 "sendrecv": (c, c)}.get(op, (c, 0))
+                 "gather": (k, c), "scatter": (c, k), "sendrecv": (c, c)}.get(op, (c, 0))
     return ins, outs, c * esize
 
 
@@ -252,7 +269,7 @@ class Runner:
         return 0, ""
 
     def corrupting(self, op, call, inp, out):
-        victim = ROOT if op == "reduce" else self.n - 1
+        victim = ROOT if op in ("reduce", "gather") else self.n - 1
 
         def corrupted():
             call()

@@ -173,7 +173,7 @@ def test_two_ranks_run_writes_json_and_plot(tmp_path):
         assert run["memcpy_before"]["single_rank_GBps"] > 0
         assert len(run["memcpy_after"]["concurrent_per_rank_GBps"]) == 2
         res = {(r["op"], r["backend"], r["requested_bytes"]): r for r in run["results"]}
-        assert len(res) == len(run["results"]) == len(backends) * (7 * len(sizes) + 1)
+        assert len(res) == len(run["results"]) == len(backends) * (9 * len(sizes) + 1)
         for be in backends:
             for size in sizes:
                 r = res[("allreduce", be, size)]
@@ -185,6 +185,10 @@ def test_two_ranks_run_writes_json_and_plot(tmp_path):
                 r = res[("allgather", be, size)]
                 assert r["status"] == "ok"
                 assert r["busbw_GBps"] == pytest.approx(r["algbw_GBps"] / 2)
+                for op in ("gather", "scatter"):  # S: the root's n blocks
+                    r = res[(op, be, size)]
+                    assert r["status"] == "ok" and r["bytes"] == size
+                    assert r["busbw_GBps"] == pytest.approx(r["algbw_GBps"] / 2)
                 r = res[("sendrecv", be, size)]  # a ring shift: each rank sends S
                 assert r["status"] == "ok" and r["bytes"] == size
                 assert r["busbw_GBps"] == pytest.approx(r["algbw_GBps"])
@@ -204,14 +208,17 @@ def test_wrong_result_fails_the_run_loudly():
     assert "# allreduce fp32" in out  # the points before the wrong one were reported
 
 
-def test_a_wrong_sendrecv_buffer_fails_the_run():
+@pytest.mark.parametrize("op,what", [("sendrecv", "buffer from rank 0"),
+                                     ("scatter", "block from the root"),
+                                     ("gather", "block from rank 0")])
+def test_a_wrong_block_fails_the_run(op, what):
     rc, out, err = run_bench([
-        "--nprocs", "2", "--backends", "gloo", "--sizes", "4K", "--ops", "sendrecv",
+        "--nprocs", "2", "--backends", "gloo", "--sizes", "4K", "--ops", op,
         "--warmup", "1", "--min-iters", "1", "--time-per-point", "0.01", "--memcpy-bytes", "1M",
-        "--no-progress", "--inject-wrong-result", "sendrecv", "--timeout", "60"])
+        "--no-progress", "--inject-wrong-result", op, "--timeout", "60"])
     assert rc == 3, f"{out}\n{err}"
-    assert "WRONG RESULT: op=sendrecv dtype=fp32 size=4096 B backend=gloo" in err
-    assert "buffer from rank 0: element 0" in err
+    assert f"WRONG RESULT: op={op} dtype=fp32 size=4096 B backend=gloo" in err
+    assert f"{what}: element 0" in err
 
 
 def test_a_hung_teardown_ends_the_rank_with_its_code():
