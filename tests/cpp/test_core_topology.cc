@@ -2,14 +2,11 @@
 // from the identities exchanged through the store.
 #include <gtest/gtest.h>
 
-#include <sched.h>
-#include <sys/mount.h>
-#include <sys/wait.h>
-#include <unistd.h>
-
+#include <cstdio>
 #include <mutex>
 
 #include "memory_store.h"
+#include "own_mount_ns.h"
 #include "transport/host.h"
 #include "transport/topology.h"
 
@@ -104,25 +101,10 @@ TEST(Topology, ExchangeTimeoutNamesTheRanksThatNeverJoined) {
 // The identity a child process reports after entering a mount namespace of
 // its own, with a fresh /dev/shm when `ownShm`; "" when it may not (no root).
 std::string identityInOwnMountNamespace(bool ownShm) {
-  int fds[2];
-  if (pipe(fds) != 0) return "";
-  pid_t pid = fork();
-  if (pid == 0) {
-    close(fds[0]);
-    bool ok = unshare(CLONE_NEWNS) == 0 &&
-              mount(nullptr, "/", nullptr, MS_REC | MS_PRIVATE, nullptr) == 0 &&
-              (!ownShm || mount("tmpfs", "/dev/shm", "tmpfs", 0, "size=1m") == 0);
-    std::string id = ok ? transport::hostIdentity() : "";
-    (void)!write(fds[1], id.data(), id.size());
-    _exit(0);
-  }
-  close(fds[1]);
-  std::string got;
-  char buf[512];
-  for (ssize_t n; (n = read(fds[0], buf, sizeof buf)) > 0;) got.append(buf, n);
-  close(fds[0]);
-  waitpid(pid, nullptr, 0);
-  return got;
+  auto run = testing::inOwnMountNamespace(ownShm ? "1m" : nullptr, [] {
+    std::fputs(transport::hostIdentity().c_str(), stdout);
+  });
+  return run ? run->out : "";
 }
 
 // Segments live in /dev/shm: processes that each mount their own cannot open

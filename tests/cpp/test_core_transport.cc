@@ -7,10 +7,6 @@
 // of them has (authentication, framing, striping) is tested in
 // test_core_tcp.cc and test_core_tcp_faults.cc.
 #include <gtest/gtest.h>
-#include <sched.h>
-#include <sys/mount.h>
-#include <sys/wait.h>
-#include <unistd.h>
 
 #include <atomic>
 #include <functional>
@@ -19,6 +15,7 @@
 #include <vector>
 
 #include "core_group.h"
+#include "own_mount_ns.h"
 #include "tcp_group.h"
 #include "transport/routed.h"
 #include "transport/shm/transport.h"
@@ -303,34 +300,16 @@ TEST(ShmRings, DefaultSizeFollowsTheGroupSize) {
 // that has a 3 MiB /dev/shm of its own (a mount namespace; needs root): it
 // runs this binary again with ShmRoom.Inside alone.
 TEST(ShmRoom, AFullDevShmFailsCleanly) {
-  int out[2];
-  ASSERT_EQ(pipe(out), 0);
-  pid_t pid = fork();
-  if (pid == 0) {
-    dup2(out[1], 1);
-    dup2(out[1], 2);
-    close(out[0]);
-    if (unshare(CLONE_NEWNS) != 0 || mount(nullptr, "/", nullptr, MS_REC | MS_PRIVATE, nullptr) ||
-        mount("tmpfs", "/dev/shm", "tmpfs", 0, "size=3m") != 0) {
-      _exit(77);
-    }
+  auto run = testing::inOwnMountNamespace("3m", [] {
     setenv("BRAID_TEST_SMALL_SHM", "1", 1);
     execl("/proc/self/exe", "test_core_transport", "--gtest_filter=ShmRoom.Inside", nullptr);
-    _exit(78);
-  }
-  close(out[1]);
-  std::string got;
-  char buf[4096];
-  for (ssize_t n; (n = read(out[0], buf, sizeof buf)) > 0;) got.append(buf, n);
-  close(out[0]);
-  int status = 0;
-  waitpid(pid, &status, 0);
-  if (WIFEXITED(status) && WEXITSTATUS(status) == 77) {
-    GTEST_SKIP() << "cannot mount a /dev/shm of its own here (needs root)";
-  }
-  EXPECT_TRUE(WIFEXITED(status) && WEXITSTATUS(status) == 0) << got;
-  EXPECT_NE(got.find("[  PASSED  ] 1 test"), std::string::npos) << got;
-  EXPECT_EQ(got.find("SKIPPED"), std::string::npos) << got;
+    std::perror("execl");
+    _exit(1);
+  });
+  if (!run) GTEST_SKIP() << "cannot mount a /dev/shm of its own here (needs root)";
+  EXPECT_TRUE(WIFEXITED(run->status) && WEXITSTATUS(run->status) == 0) << run->out;
+  EXPECT_NE(run->out.find("[  PASSED  ] 1 test"), std::string::npos) << run->out;
+  EXPECT_EQ(run->out.find("SKIPPED"), std::string::npos) << run->out;
 }
 
 TEST(ShmRoom, Inside) {
