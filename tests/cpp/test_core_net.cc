@@ -246,6 +246,30 @@ TEST_P(Worlds, EagerBlocksAndLaterOnes) {
   }
 }
 
+// Note [Broadcast across hosts]: from a few segments, 3 ranks and more pass
+// the buffer along a chain, segment by segment (the last one short here),
+// from any root.
+TEST_P(Worlds, LargeBroadcastAlongAChain) {
+  const int n = GetParam();
+  const size_t count = (1 << 20) + 5;  // 4 MiB + 20 B of float32
+  EXPECT_EQ(net::chainBroadcast(n, count * 4), n >= 3);
+  EXPECT_FALSE(net::chainBroadcast(n, 1 << 20));  // one segment: the tree
+  NetGroup g(n, NetConfig{}.allreduceRingMin);
+  runRanks(n, [&](int r) {
+    for (int root : {0, n - 1}) {
+      auto buf = r == root ? filled(DataType::kFloat32, ReduceOp::kSum, root, count)
+                           : std::vector<uint8_t>(count * 4, 0xee);
+      net::broadcast(*g.comms[r], desc(OpKind::kBroadcast, count, DataType::kFloat32, root),
+                     buf.data());
+      size_t bad = 0;
+      for (size_t i = 0; i < count; ++i) {
+        bad += get(DataType::kFloat32, buf.data(), i) != input(ReduceOp::kSum, root, i);
+      }
+      EXPECT_EQ(bad, 0u) << "root " << root << ", rank " << r;
+    }
+  });
+}
+
 INSTANTIATE_TEST_SUITE_P(Net, Worlds, ::testing::Values(1, 2, 3, 4, 5));
 
 // ~1M elements (4 MiB of fp32, 2 MiB of bf16) through the ring and the default

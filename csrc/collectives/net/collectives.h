@@ -19,8 +19,10 @@ void allreduceRing(NetComm& c, const OpDesc& op, const void* in, void* out);
 void allreducePair(NetComm& c, const OpDesc& op, const void* in, void* out);  // 2 ranks
 void allreduceDirect(NetComm& c, const OpDesc& op, const void* in, void* out);
 
-// buf: input on the root, output elsewhere. Binomial tree.
+// buf: input on the root, output elsewhere. Binomial tree, or a pipelined
+// chain where chainBroadcast (Note [Broadcast across hosts]).
 void broadcast(NetComm& c, const OpDesc& op, void* buf);
+bool chainBroadcast(int n, uint64_t bytes);
 
 // out (root only) = op over ranks of in; in == out allowed on the root.
 void reduce(NetComm& c, const OpDesc& op, const void* in, void* out);

@@ -69,6 +69,7 @@ const char* netAlgoName(NetAlgo a) {
     case NetAlgo::kDirect: return "direct";
     case NetAlgo::kRing: return "ring";
     case NetAlgo::kTree: return "tree";
+    case NetAlgo::kChain: return "chain";
     case NetAlgo::kPairwise: return "pairwise";
     case NetAlgo::kHier: return "hierarchical";
     case NetAlgo::kHierDirect: return "hierarchical direct";

@@ -45,9 +45,9 @@
 // float32 (twice the bytes in the reduce-scatter half) and round once, as the
 // shm path does (Note [Reduced-precision accumulation]); gloo's ring rounds at
 // every hop. reduce_scatter and reduce use the same ring (reduce then sends
-// each block to the root); broadcast is a binomial tree (log2(n) latencies;
-// a pipelined chain or scatter + allgather would move large buffers faster
-// across many hosts); allgather is a ring; alltoall posts every receive, then
+// each block to the root); broadcast is a binomial tree (log2(n) latencies),
+// or from a few segments a pipelined chain (Note [Broadcast across hosts]);
+// allgather is a ring; alltoall posts every receive, then
 // the sends in pairwise order ((me + s) mod n); gather/scatter go straight
 // to/from the root; barrier is the header exchange alone. Data of up to
 // kInlineBytes per rank ride inside the headers instead, in one latency: an
@@ -110,6 +110,7 @@ enum class NetAlgo : uint32_t {
   kPairwise,        // alltoall
   kHier,            // the header here, the data by the hierarchy's stages
   kHierDirect,      // a small allreduce riding on the hierarchy's header exchange
+  kChain,           // pipelined chain (Note [Broadcast across hosts], broadcast.cc)
 };
 const char* netAlgoName(NetAlgo a);
 
