@@ -197,9 +197,10 @@ class Matrix:
         for root in range(self.n):
             # int32 x 7 rides in the root's header (Note [Eager data], Note [Small broadcast
             # across hosts]); float64 x 64 is 512 bytes: on the relay where hosts have groups,
-            # past the header's inline area elsewhere.
+            # past the header's inline area elsewhere. 4 MiB + 12 B of float32 pass along a
+            # chain at 3 hosts and more (Note [Broadcast across hosts]).
             for name, count in (("int32", 7), ("float64", 64), ("float32", 1001), ("int64", 0),
-                                ("float16", 70001), ("uint8", LARGE)):
+                                ("float16", 70001), ("uint8", LARGE), ("float32", (1 << 20) + 3)):
                 self.start(f"broadcast dtype={name} count={count} root={root}")
                 dtype = self.dt(name)
                 mine = H.pattern(root, 1, count, dtype) if self.rank == root else \
