@@ -133,9 +133,10 @@ void P2PEngine::postSend(int dst, int64_t tag, const void* data, size_t bytes,
 // requests without one) has it completed there; any other send is completed
 // by the engine (writtenHere_), since callbacks run on the engine's thread:
 // its bytes no longer wait for that wake-up, only its completion does. What
-// does not fit is left to the engine, from where the poster stopped. Called with mu_ held, so no send to `dst` is waiting
-// in newSends_ unseen. True when it wrote `s`, all of it (`s` is kept, to be
-// completed) or part (`s` is queued to the engine).
+// does not fit is left to the engine, from where the poster stopped. Called
+// with mu_ held, so no send to `dst` is waiting in newSends_ unseen. True
+// when it wrote `s`, all of it (`s` is kept, to be completed) or part (`s` is
+// queued to the engine).
 bool P2PEngine::sendHere(std::unique_ptr<Send>& s) {
   const int dst = s->dst;
   for (auto& q : newSends_) {

@@ -32,13 +32,6 @@ BRAID_SETTING_INT(kChannelBytes, "BRAID_SHM_P2P_BYTES", 0,
                   "up to 17 ranks, then 16 MiB / (ranks - 1), at least 256 KiB (Note [Ring "
                   "size]). Must be equal on every rank.");
 
-namespace {
-constexpr uint64_t kMagic = 0x62726169642d7731ULL;  // "braid-w1"
-constexpr size_t kHeaderBytes = 4096;
-constexpr std::chrono::milliseconds kLivenessPeriod{100};
-
-size_t roundUp(size_t x, size_t a) { return (x + a - 1) / a * a; }
-
 // Note [Ring size]
 // A message larger than its ring goes through it in rounds: the writer fills
 // it, sleeps until the reader has drained some, and so on, a pair of wake-ups
@@ -48,13 +41,11 @@ size_t roundUp(size_t x, size_t a) { return (x + a - 1) / a * a; }
 // 16 MiB with 256 KiB rings, 208-224 us and 4.9-5.0 ms with 1 MiB; 4 MiB rings
 // gained little more (5.1 against 5.6 ms in one sweep); at 4 ranks on 2 cores,
 // 16 MiB took 11.6-14.5 ms against 8.5-10.4 (benchmarks/results/p2p-rings.txt).
-// Each rank's segment holds one ring per peer, but
-// tmpfs gives a ring pages only once a message runs through it, so a pair
-// that exchanges no point-to-point message costs nothing. A group whose every
-// pair does costs n(n-1) rings, hence at most 16 MiB of rings per rank: 1 MiB
-// up to 17 ranks, less above, never below the 256 KiB of old.
-}  // namespace
-
+// Each rank's segment holds one ring per peer, but tmpfs gives a ring pages
+// only once a message runs through it (Note [Reserved shared memory]), so a
+// pair that exchanges no point-to-point message costs nothing. A group whose
+// every pair does costs n(n-1) rings, hence at most 16 MiB of rings per rank:
+// 1 MiB up to 17 ranks, less above, never below the 256 KiB of old.
 size_t defaultChannelBytes(int size) {
   constexpr size_t kMost = 1 << 20, kLeast = 256 << 10, kPerRank = 16 << 20;
   if (size <= 1) return kMost;
@@ -63,6 +54,11 @@ size_t defaultChannelBytes(int size) {
 }
 
 namespace {
+constexpr uint64_t kMagic = 0x62726169642d7731ULL;  // "braid-w1"
+constexpr size_t kHeaderBytes = 4096;
+constexpr std::chrono::milliseconds kLivenessPeriod{100};
+
+size_t roundUp(size_t x, size_t a) { return (x + a - 1) / a * a; }
 
 std::vector<uint8_t> bytesOf(const std::string& s) { return {s.begin(), s.end()}; }
 std::string stringOf(const std::vector<uint8_t>& v) { return {v.begin(), v.end()}; }
@@ -148,9 +144,8 @@ std::unique_ptr<ShmWindow> ShmWindow::create(Store& store, int rank, int size,
   const int64_t chanSetting = kChannelBytes.get();
   BRAID_ENFORCE(chanSetting >= 0, "init", rank, "BRAID_SHM_P2P_BYTES must be >= 0, got ",
                 chanSetting);
-  size_t chan = opts.channelBytes            ? opts.channelBytes
-                : chanSetting ? static_cast<size_t>(chanSetting)
-                              : defaultChannelBytes(size);
+  size_t chan = opts.channelBytes;
+  if (!chan) chan = chanSetting ? static_cast<size_t>(chanSetting) : defaultChannelBytes(size);
   BRAID_ENFORCE(slot >= 4096 && slot % 64 == 0, "init", rank,
                 "BRAID_SHM_SLOT_BYTES must be a multiple of 64 and at least 4096, got ", slot);
   BRAID_ENFORCE(slot >= 64 * static_cast<size_t>(size), "init", rank,
