@@ -58,6 +58,19 @@ namespace transport {
 
 using Clock = std::chrono::steady_clock;
 
+class Request;
+
+// A transport that can move its bytes on a waiting thread (Note [Waiters
+// drive the sockets] in tcp/transport.h).
+class Driver {
+ public:
+  virtual ~Driver() = default;
+  // Waits for `r` (one of this transport's requests) as Request::wait does;
+  // on the thread that holds the transport's drive (Transport::beginDrive),
+  // by moving the transport's bytes itself.
+  virtual void drive(Request& r, Clock::time_point deadline) = 0;
+};
+
 // One posted send or receive.
 class Request : public std::enable_shared_from_this<Request> {
  public:
@@ -72,6 +85,15 @@ class Request : public std::enable_shared_from_this<Request> {
   // Whether the op is done; rethrows its error when it failed.
   bool test();
   const std::string& what() const { return what_; }
+  // wait(), through the transport that made the request when it can drive
+  // (Note [Waiters drive the sockets] in tcp/transport.h).
+  void waitDriven(Clock::time_point deadline) {
+    if (driver_) return driver_->drive(*this, deadline);
+    wait(deadline);
+  }
+  // For implementations: set before the request is returned; the driver
+  // outlives every wait on it.
+  void setDriver(Driver* d) { driver_ = d; }
 
   // For implementations: the first call wins; later calls are ignored.
   // Runs the callback on the calling thread after waking waiters.
@@ -80,6 +102,7 @@ class Request : public std::enable_shared_from_this<Request> {
  private:
   const std::string what_;
   Callback callback_;
+  Driver* driver_ = nullptr;
   void throwError() const;
 
   std::mutex mu_;
@@ -155,6 +178,29 @@ class Transport {
   virtual void abort(const std::string& why) = 0;
   // Fails what is pending, closes every connection, joins the progress thread.
   virtual void close() = 0;
+
+  // While a drive is held, Request::waitDriven on the holding thread moves
+  // this transport's bytes itself instead of waiting for a progress thread
+  // (Note [Waiters drive the sockets] in tcp/transport.h). Held by one thread
+  // at a time: true if this call took it (then endDrive() gives it back on
+  // the same thread). Not inside a completion callback.
+  virtual bool beginDrive() { return false; }
+  virtual void endDrive() {}
+};
+
+// Holds `t`'s drive for a scope when `want` and the drive is free.
+class DriveScope {
+ public:
+  explicit DriveScope(Transport& t, bool want = true) : t_(t), held_(want && t.beginDrive()) {}
+  ~DriveScope() {
+    if (held_) t_.endDrive();
+  }
+  DriveScope(const DriveScope&) = delete;
+  DriveScope& operator=(const DriveScope&) = delete;
+
+ private:
+  Transport& t_;
+  const bool held_;
 };
 
 }  // namespace transport

@@ -8,6 +8,7 @@
 #include <functional>
 #include <cstring>
 #include <numeric>
+#include <thread>
 
 #include "collectives/net/collectives.h"
 #include "core_group.h"
@@ -16,6 +17,7 @@
 #include "reduce_values.h"
 #include "tcp_group.h"
 #include "transport/shm/transport.h"
+#include "transport/tcp/transport.h"
 
 namespace braid {
 namespace {
@@ -583,6 +585,95 @@ TEST(NetErrors, MissingRankTimesOutNamingIt) {
       ADD_FAILURE() << "not a timeout: " << e.what();
     }
   });
+}
+
+
+// Note [Waiters drive the sockets]: an op that moves at least driveMinBytes
+// per rank moves them on the calling thread (the transport counts the epoll
+// batches handled there), with the same results; a small op, or any op with
+// -1, leaves them to the progress thread.
+TEST(NetDrive, LargeOpsMoveTheirBytesOnTheCallingThread) {
+  for (int64_t min : {int64_t(1) << 20, int64_t(-1)}) {
+    for (int n : {2, 3}) {
+      NetGroup g(n, [min](int) {
+        NetConfig c;
+        c.driveMinBytes = min;
+        return c;
+      });
+      auto driven = [&](int r) {
+        return dynamic_cast<transport::tcp::TcpTransport&>(*g.ts[r]).drivenBatches();
+      };
+      const size_t small = 1000, large = (1 << 20) + 3;  // floats: 4 KB, 4 MiB + 12 B
+      runRanks(n, [&](int r) {
+        for (size_t count : {small, large}) {
+          const uint64_t before = driven(r);
+          std::vector<float> buf(count);
+          for (size_t i = 0; i < count; ++i) buf[i] = float(r + 1) * float(i % 97);
+          net::allreduce(*g.comms[r], desc(OpKind::kAllreduce, count), buf.data(), buf.data());
+          const float sum = float(n * (n + 1) / 2);
+          for (size_t i = 0; i < count; ++i) ASSERT_EQ(buf[i], sum * float(i % 97)) << i;
+          const bool drives = min >= 0 && count == large;
+          EXPECT_EQ(driven(r) > before, drives)
+              << "n " << n << " rank " << r << " count " << count << " min " << min;
+        }
+        std::vector<float> b(large, r == 1 ? 2.5f : 0.f);
+        net::broadcast(*g.comms[r], desc(OpKind::kBroadcast, large, DataType::kFloat32, 1),
+                       b.data());
+        EXPECT_EQ(std::count(b.begin(), b.end(), 2.5f), static_cast<long>(large));
+      });
+    }
+  }
+}
+
+// A driven op whose peer never comes times out at its deadline naming the
+// peer, and the group then closes (the progress thread was parked).
+TEST(NetDrive, ADrivenOpTimesOutNamingThePeer) {
+  NetGroup g(2, kAlwaysRing);
+  std::vector<float> buf(1 << 20, 1.f);
+  auto t0 = transport::Clock::now();
+  try {
+    net::allreduce(*g.comms[0], desc(OpKind::kAllreduce, buf.size(), DataType::kFloat32, 0,
+                                     ReduceOp::kSum, std::chrono::milliseconds(300)),
+                   buf.data(), buf.data());
+    ADD_FAILURE() << "did not throw";
+  } catch (const TimeoutError& e) {
+    std::string w = e.what();
+    EXPECT_NE(w.find("timed out after 300 ms waiting for rank 1"), std::string::npos) << w;
+  }
+  const auto took = transport::Clock::now() - t0;
+  EXPECT_GE(took, std::chrono::milliseconds(300));
+  EXPECT_LT(took, std::chrono::milliseconds(1300));
+}
+
+// An abort from another thread reaches a thread that drives: its op fails at
+// once with the reason, not at its deadline; so does its peer, naming it.
+TEST(NetDrive, AnAbortFromAnotherThreadEndsADrivenOp) {
+  const int n = 2;
+  NetGroup g(n, kAlwaysRing);
+  const size_t count = 16 << 20;  // 64 MiB of floats: still moving when the abort comes
+  std::thread killer([&] {
+    std::this_thread::sleep_for(std::chrono::milliseconds(50));
+    g.ts[0]->abort("test: aborted from another thread");
+  });
+  runRanks(n, [&](int r) {
+    std::vector<float> buf(count, 1.f);
+    auto t0 = transport::Clock::now();
+    try {
+      net::allreduce(*g.comms[r], desc(OpKind::kAllreduce, count), buf.data(), buf.data());
+      // A fast machine may finish first: then the abort fails the next op.
+      net::barrier(*g.comms[r], desc(OpKind::kBarrier, 0));
+      ADD_FAILURE() << "rank " << r << " did not throw";
+    } catch (const Error& e) {
+      // Rank 0 says why; rank 1 names rank 0 (with the reason, or mid-stream
+      // as a broken connection).
+      std::string w = e.what();
+      EXPECT_TRUE(w.find(r == 0 ? "test: aborted from another thread" : "lost rank 0") !=
+                      std::string::npos ||
+                  w.find("unusable after an earlier error") != std::string::npos) << w;
+    }
+    EXPECT_LT(transport::Clock::now() - t0, std::chrono::seconds(5));
+  });
+  killer.join();
 }
 
 }  // namespace

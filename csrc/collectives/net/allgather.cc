@@ -11,6 +11,7 @@ namespace net {
 // data]): one latency. Else a ring: n-1 steps, each rank forwards the block
 // it received last.
 void allgather(NetComm& c, const OpDesc& op, const void* in, void* const* outs) {
+  auto drive = c.drive(op);
   const int n = c.size();
   if (c.fitsInline(op)) {
     c.beginEager(op, NetAlgo::kDirect, in);

@@ -10,6 +10,7 @@ namespace collectives {
 namespace net {
 
 void allreduce(NetComm& c, const OpDesc& op, const void* in, void* out) {
+  auto drive = c.drive(op);
   if (op.bytes() >= c.config().allreduceRingMin) return allreduceRing(c, op, in, out);
   allreduceDirect(c, op, in, out);
 }

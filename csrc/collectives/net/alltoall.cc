@@ -11,6 +11,7 @@ namespace net {
 // checked pairwise in the header exchange, so both ends of a pair agree on
 // whether its block went eagerly.
 void alltoall(NetComm& c, const OpDesc& op, const void* const* ins, void* const* outs) {
+  auto drive = c.drive(op);
   c.beginEagerEach(op, NetAlgo::kPairwise, ins, op.sendBytes);
   const int n = c.size(), me = c.rank();
   for (int s = 1; s < n; ++s) {

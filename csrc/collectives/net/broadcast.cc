@@ -68,6 +68,7 @@ void broadcastChain(NetComm& c, const OpDesc& op, void* buf) {
 // A buffer that fits a header's inline area rides in the root's header to
 // every rank at once (Note [Eager data]): one latency whatever n.
 void broadcast(NetComm& c, const OpDesc& op, void* buf) {
+  auto drive = c.drive(op);
   const size_t bytes = op.bytes();
   if (chainBroadcast(c.size(), bytes)) return broadcastChain(c, op, buf);
   if (c.fitsInline(op)) {

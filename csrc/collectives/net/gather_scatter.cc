@@ -11,6 +11,7 @@ namespace net {
 // inline area ride in the headers, and blocks of up to NetComm::kEagerMax
 // follow them at once (Note [Eager data]): one latency, not two.
 void gather(NetComm& c, const OpDesc& op, const void* in, void* const* outs) {
+  auto drive = c.drive(op);
   const int me = c.rank();
   if (c.fitsInline(op)) {
     c.beginEager(op, NetAlgo::kDirect, in);
@@ -32,6 +33,7 @@ void gather(NetComm& c, const OpDesc& op, const void* in, void* const* outs) {
 // The root's blocks of up to NetComm::kEagerMax go with its headers (Note
 // [Eager data]).
 void scatter(NetComm& c, const OpDesc& op, const void* const* ins, void* out) {
+  auto drive = c.drive(op);
   const int me = c.rank();
   const bool root = me == op.root;
   std::vector<uint64_t> each(root ? c.size() : 0, op.bytes());

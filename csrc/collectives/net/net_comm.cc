@@ -19,6 +19,13 @@ BRAID_SETTING_INT(kRingMin, "BRAID_NET_ALLREDUCE_RING_MIN", 64 << 10,
                   "ring (reduce-scatter + allgather); below, every rank sends its input straight "
                   "to the ranks that reduce it (one latency). Must be equal on every rank.");
 
+// Local only (Note [Waiters drive the sockets] in transport/tcp/transport.h).
+BRAID_SETTING_INT(kDriveMin, "BRAID_NET_DRIVE_MIN_BYTES", 1 << 20,
+                  "Bytes per rank from which a collective across hosts moves its TCP bytes on "
+                  "the calling thread, with the transport's progress thread parked, instead of "
+                  "handing every message between the two; -1: never. Below it the hand-offs "
+                  "cost less than parking the progress thread.");
+
 namespace {
 
 constexpr uint32_t kNetMagic = 0x6e686472;  // "nhdr"
@@ -60,6 +67,11 @@ NetConfig NetConfig::fromEnv(int rank) {
   int64_t v = kRingMin.get();
   if (v < 0) BRAID_THROW(Error, "init", rank, "BRAID_NET_ALLREDUCE_RING_MIN must be >= 0, got ", v);
   c.allreduceRingMin = static_cast<uint64_t>(v);
+  c.driveMinBytes = kDriveMin.get();
+  if (c.driveMinBytes < -1) {
+    BRAID_THROW(Error, "init", rank, "BRAID_NET_DRIVE_MIN_BYTES must be >= -1, got ",
+                c.driveMinBytes);
+  }
   return c;
 }
 
@@ -98,9 +110,19 @@ void NetComm::recv(int src, uint32_t step, void* data, size_t bytes) {
   pending_.push_back({t_.irecv(src, tag(step), data, bytes), src});
 }
 
+transport::DriveScope NetComm::drive(const OpDesc& op) {
+  uint64_t moved = op.bytes();
+  if (op.sendBytes) {
+    moved = 0;
+    for (int p = 0; p < size_; ++p) moved += op.sendBytes[p];
+  }
+  const bool want = cfg_.driveMinBytes >= 0 && moved >= static_cast<uint64_t>(cfg_.driveMinBytes);
+  return transport::DriveScope(t_, want);
+}
+
 void NetComm::waitOne(const Pending& p) {
   try {
-    p.req->wait(cur_.deadline);
+    p.req->waitDriven(cur_.deadline);
   } catch (const TimeoutError& e) {
     fail(p, "timed out", e.what(), true, false);
   } catch (const PeerLostError& e) {
@@ -147,7 +169,7 @@ void NetComm::abandon(const std::string& msg, bool timeout, bool lost) {
   t_.abort(msg);
   for (const Pending& q : pending_) {
     try {
-      q.req->wait(transport::Clock::now() + std::chrono::seconds(10));
+      q.req->waitDriven(transport::Clock::now() + std::chrono::seconds(10));
     } catch (const Error&) {
     }
   }

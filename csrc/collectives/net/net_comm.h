@@ -93,6 +93,10 @@ struct NetConfig {
   // host mates that differed on one that shapes a stage would fail in that
   // stage alone, while the other hosts waited for them in the next.
   CollectiveConfig local{0, 0, 0, 0, 0};
+  // BRAID_NET_DRIVE_MIN_BYTES: ops that move at least this many bytes per
+  // rank move them on the calling thread (NetComm::drive); -1: none. Not in
+  // the header: it changes which thread works, not the steps.
+  int64_t driveMinBytes = 1 << 20;
   // Throws an Error naming "init" and `rank` when a value is invalid.
   static NetConfig fromEnv(int rank);
 };
@@ -186,6 +190,12 @@ class NetComm {
   // the check against this rank's, op's: the ranks run the same op, and it
   // passes the whole check unless a rank outside `ranks` differs.
   bool agree(const OpDesc& op, const uint8_t* all, size_t hb, const std::vector<int>& ranks);
+
+  // Held for the whole of an op that moves at least driveMinBytes per rank
+  // (declared before its begin()): the op's waits then move the transport's
+  // bytes on this thread (Note [Waiters drive the sockets] in
+  // transport/tcp/transport.h).
+  transport::DriveScope drive(const OpDesc& op);
 
   // Posts step `step` of the current op; wait() waits for everything posted.
   // Messages of 0 bytes are not sent: both ends skip them (sizes are agreed).

@@ -14,6 +14,7 @@ namespace net {
 // Up to the header's inline area every input rides in its rank's header
 // (Note [Eager data]): one latency, and the root reduces in rank order.
 void reduce(NetComm& c, const OpDesc& op, const void* in, void* out) {
+  auto drive = c.drive(op);
   const int n = c.size(), me = c.rank();
   const bool root = me == op.root;
   const size_t bytes = op.bytes(), es = elementSize(op.dtype);

@@ -13,6 +13,7 @@ namespace net {
 // sections per rank; the direct one in one latency, the ring in n-1 steps
 // with one neighbour each.
 void reduceScatter(NetComm& c, const OpDesc& op, const void* const* ins, void* out) {
+  auto drive = c.drive(op);
   const int n = c.size(), me = c.rank();
   const size_t bytes = op.bytes();
   if (bytes < c.config().allreduceRingMin) {

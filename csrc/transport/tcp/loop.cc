@@ -69,7 +69,13 @@ void TcpTransport::progress() {
   }
   epoll_event evs[64];
   for (bool more = true; more;) {
+    parkWhileDriven(&timeoutMs);
     int n = epoll_wait(epollFd_, evs, 64, timeoutMs);
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      polling_ = false;
+      if (driver_ != std::thread::id()) parkCv_.notify_all();
+    }
     DeferredCompletions done;  // made after ioMu_ is released (Note [Completing after the lock])
     std::lock_guard<std::mutex> io(ioMu_);
     Progressing mark(this);
@@ -82,7 +88,21 @@ void TcpTransport::progress() {
   runDeferred();
 }
 
-bool TcpTransport::handleBatch(const epoll_event* evs, int n) {
+// Note [Waiters drive the sockets]: out of epoll_wait while a thread drives.
+// Back from a park, the first poll returns at once: the driver may have left
+// callbacks, closed sockets or handshakes whose deadlines the timeout misses.
+void TcpTransport::parkWhileDriven(int* timeoutMs) {
+  std::unique_lock<std::mutex> lock(mu_);
+  bool parked = false;
+  while (driver_ != std::thread::id() && !closing_) {
+    parked = true;
+    parkCv_.wait(lock);
+  }
+  if (parked) *timeoutMs = 0;
+  polling_ = true;
+}
+
+bool TcpTransport::handleBatch(const epoll_event* evs, int n, bool driver) {
   for (int i = 0; i < n; ++i) {
     auto* c = static_cast<Conn*>(evs[i].data.ptr);
     if (c == &listenTag_) {
@@ -105,10 +125,10 @@ bool TcpTransport::handleBatch(const epoll_event* evs, int n) {
   if (closing) return false;
   if (aborted) teardown("aborted: " + why, &why);
   adoptPosts();
-  runDeferred();
+  if (!driver) runDeferred();
   if (shared_.memoryFreed) retryMemoryWaiters();
   if (!pending_.empty()) expireHandshakes();
-  graveyard_.clear();
+  if (!driver) graveyard_.clear();
   return true;
 }
 

@@ -129,6 +129,7 @@ std::shared_ptr<Request> TcpTransport::isend(int dst, uint64_t tag, const void* 
   auto req = std::make_shared<Request>(
       errorText("tcp send", rank_, "to ", peerName(dst), ", tag ", tag, ", ", bytes, " bytes"),
       std::move(done));
+  req->setDriver(this);
   auto s = std::make_shared<SendOp>(SendOp{req, static_cast<const uint8_t*>(data), bytes, tag});
   post(Post{std::move(s), nullptr, dst}, req);
   return req;
@@ -140,6 +141,7 @@ std::shared_ptr<Request> TcpTransport::irecv(int src, uint64_t tag, void* data, 
   auto req = std::make_shared<Request>(
       errorText("tcp recv", rank_, "from ", peerName(src), ", tag ", tag, ", ", bytes, " bytes"),
       std::move(done));
+  req->setDriver(this);
   auto r = std::make_shared<RecvOp>(RecvOp{req, static_cast<uint8_t*>(data), bytes, tag});
   post(Post{nullptr, std::move(r), src}, req);
   return req;
@@ -226,6 +228,7 @@ void TcpTransport::close() {
     std::lock_guard<std::mutex> lock(mu_);
     if (closed_) return;
     closing_ = true;
+    parkCv_.notify_all();  // a parked progress thread (Note [Waiters drive the sockets])
     if (wakeFd_ >= 0) {
       uint64_t one = 1;
       (void)!::write(wakeFd_, &one, sizeof(one));

@@ -13,8 +13,9 @@
 //
 // Ownership and threads: callers touch inbox_ and the flags under mu_;
 // everything else belongs to whichever thread holds ioMu_: the progress
-// thread while it handles a batch of events, or a posting thread that found
-// it idle (Note [Posting threads progress]). A socket (Conn) is owned by
+// thread while it handles a batch of events, a posting thread that found
+// it idle (Note [Posting threads progress]), or a waiter that holds the drive
+// (Note [Waiters drive the sockets]). A socket (Conn) is owned by
 // pending_ while it connects and authenticates, then by its Pair; a closed one
 // waits in graveyard_ until the current epoll batch is handled, since later
 // events of the same batch may still point at it (they see fd == -1).
@@ -50,6 +51,30 @@
 // memoryWaiting). With threads as ranks, 2 ranks, 2000 4-byte allreduces:
 // 42,869 futex calls and 7,053 eventfd writes before, 6,193 and 25 after
 // (strace -c; benchmarks/results/hosts-inline.txt).
+//
+// Note [Waiters drive the sockets]
+// A large op across hosts has each rank's calling thread waiting for
+// segments that the progress thread receives: every segment is handed
+// from one thread to the other, and the two run in turn, each woken by the
+// other. On few cores with several ranks a host, the woken thread is often
+// queued behind a busy one while another core idles (perf sched: 13-25%
+// idle on 2 cores, 2 hosts x 1 rank, 64 MiB allreduce). So a thread that
+// holds the drive (Transport::beginDrive; NetComm::drive for ops of at least
+// BRAID_NET_DRIVE_MIN_BYTES) waits by moving the bytes itself: it polls the
+// epoll set under ioMu_ and handles each batch as the progress thread
+// would, until its request is done. Meanwhile the progress thread is parked
+// outside epoll_wait (parkWhileDriven): had it stayed there, an event could
+// wake it only to block on ioMu_ while the driver sleeps in epoll_wait with
+// it. So beginDrive kicks it out (the wake eventfd) and waits until it has
+// left epoll_wait: one round trip per op, which is why small ops do not
+// drive. While parked it cannot run callbacks or free closed sockets, so a
+// driver's batch leaves both (as a poster's does), and the first poll after
+// the park returns at once to take them. Everything that wakes the progress
+// thread (posts from other threads, abort(), a freed buffer) writes the
+// eventfd, which the driver polls too; close() also unparks it. A driver
+// between waits (reducing a segment) moves nothing: only the op's own thread
+// posts on a collective's transport, and its next wait moves what arrived.
+// A thread waiting on any other request of the transport waits as before.
 #pragma once
 
 #include <sys/epoll.h>
@@ -76,7 +101,7 @@ namespace tcp {
 // braid::Error / TimeoutError naming the rank and the peers that failed.
 std::unique_ptr<Transport> connect(Store& store, int rank, int size, const TcpOptions& options);
 
-class TcpTransport : public Transport {
+class TcpTransport : public Transport, public Driver {
  public:
   TcpTransport(int rank, int size, const TcpOptions& options);
   ~TcpTransport() override;
@@ -90,6 +115,9 @@ class TcpTransport : public Transport {
   std::string peerName(int rank) const override;
   void abort(const std::string& why) override;
   void close() override;
+  bool beginDrive() override;
+  void endDrive() override;
+  void drive(Request& r, Clock::time_point deadline) override;
 
   // connect()'s steps: listen and publish, read the peers' addresses, start
   // the progress thread and (eager) wait for every pair.
@@ -97,6 +125,9 @@ class TcpTransport : public Transport {
   // Bytes of messages that arrived and wait for a receive: what tests check
   // to see that a protocol leaves no message behind.
   size_t unexpectedBytes();
+  // Epoll batches handled by a driving waiter (Note [Waiters drive the
+  // sockets]): what tests check to see that a drive moved the bytes.
+  uint64_t drivenBatches();
 
  private:
   struct Post {
@@ -120,7 +151,10 @@ class TcpTransport : public Transport {
   // Progress thread (tcp/loop.cc).
   void loop();
   void progress();
-  bool handleBatch(const epoll_event* evs, int n);  // false: closing
+  // false: closing. A driver's batch leaves callbacks and closed sockets to
+  // the progress thread (Note [Waiters drive the sockets]).
+  bool handleBatch(const epoll_event* evs, int n, bool driver = false);
+  void parkWhileDriven(int* timeoutMs);
   void adoptPosts();
   // A poster's progress (Note [Posting threads progress]), holding ioMu_ in `io`.
   void adoptPostsHere(std::unique_lock<std::mutex> io);
@@ -167,6 +201,11 @@ class TcpTransport : public Transport {
   std::string notConnected_;  // eager: the peers whose sockets are not all ready yet
   std::vector<std::string> rejections_;  // recent refused connections, for connect errors
   std::vector<DeferredCallbacks::Call> deferred_;  // for the progress thread to run
+  // Note [Waiters drive the sockets]: a thread holds the drive; the progress
+  // thread is in (or about to enter) epoll_wait.
+  std::thread::id driver_;  // none: not driven
+  bool polling_ = false;
+  std::condition_variable parkCv_;
 
   // Whoever holds ioMu_ (the progress thread, or a poster that found it idle).
   std::mutex ioMu_;
@@ -174,6 +213,7 @@ class TcpTransport : public Transport {
   std::list<std::unique_ptr<Conn>> pending_;  // connecting or authenticating
   std::vector<std::unique_ptr<Conn>> graveyard_;  // closed during one epoll batch
   bool tornDown_ = false;
+  uint64_t drivenBatches_ = 0;
   std::thread thread_;
 };
 
