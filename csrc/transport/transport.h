@@ -183,7 +183,10 @@ class Transport {
   // this transport's bytes itself instead of waiting for a progress thread
   // (Note [Waiters drive the sockets] in tcp/transport.h). Held by one thread
   // at a time: true if this call took it (then endDrive() gives it back on
-  // the same thread). Not inside a completion callback.
+  // the same thread). Not inside a completion callback. While it holds the
+  // drive, the thread must not wait for anything that needs this transport
+  // to move (another thread's request, a peer reached through it) other than
+  // through waitDriven: nothing else moves its bytes until the drive ends.
   virtual bool beginDrive() { return false; }
   virtual void endDrive() {}
 };
