@@ -194,7 +194,7 @@ class Transport {
 // Holds `t`'s drive for a scope when `want` and the drive is free.
 class DriveScope {
  public:
-  explicit DriveScope(Transport& t, bool want = true) : t_(t), held_(want && t.beginDrive()) {}
+  DriveScope(Transport& t, bool want) : t_(t), held_(want && t.beginDrive()) {}
   ~DriveScope() {
     if (held_) t_.endDrive();
   }

@@ -1,7 +1,6 @@
 // TcpTransport's drive: a waiting thread moves the bytes itself (Note
 // [Waiters drive the sockets] in tcp/transport.h).
 #include <sys/epoll.h>
-#include <unistd.h>
 
 #include <algorithm>
 #include <chrono>
@@ -23,8 +22,7 @@ bool TcpTransport::beginDrive() {
     // Out of epoll_wait before this thread polls: else an event could wake
     // the progress thread, which would then wait for ioMu_ while the driver
     // sleeps in epoll_wait with it.
-    uint64_t one = 1;
-    (void)!::write(wakeFd_, &one, sizeof(one));
+    wakeProgress();
     parkCv_.wait(lock, [&] { return !polling_; });
   }
   return true;
@@ -73,10 +71,7 @@ void TcpTransport::drive(Request& r, Clock::time_point deadline) {
       ++drivenBatches_;
     }
     done.run();
-    if (!callbacks.empty()) {
-      std::lock_guard<std::mutex> lock(mu_);
-      for (auto& c : callbacks.take()) deferred_.push_back(std::move(c));
-    }
+    keepForProgress(callbacks);
     if (!open) break;  // closing: the progress thread takes over
     if (isDone) return;
   }

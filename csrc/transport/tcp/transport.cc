@@ -185,12 +185,15 @@ void TcpTransport::adoptPostsHere(std::unique_lock<std::mutex> io) {
   }
   io.unlock();
   done.run();  // Note [Completing after the lock]; the callbacks queue in `callbacks`
-  if (!callbacks.empty()) {
-    leftWork = true;
-    std::lock_guard<std::mutex> lock(mu_);
-    for (auto& c : callbacks.take()) deferred_.push_back(std::move(c));
-  }
+  if (keepForProgress(callbacks)) leftWork = true;
   if (leftWork) wakeProgress();
+}
+
+bool TcpTransport::keepForProgress(DeferredCallbacks& callbacks) {
+  if (callbacks.empty()) return false;
+  std::lock_guard<std::mutex> lock(mu_);
+  for (auto& c : callbacks.take()) deferred_.push_back(std::move(c));
+  return true;
 }
 
 size_t TcpTransport::unexpectedBytes() {
@@ -217,10 +220,7 @@ void TcpTransport::abort(const std::string& why) {
   if (aborted_ || closed_) return;
   aborted_ = true;
   abortWhy_ = why;
-  if (wakeFd_ >= 0) {
-    uint64_t one = 1;
-    (void)!::write(wakeFd_, &one, sizeof(one));
-  }
+  if (wakeFd_ >= 0) wakeProgress();
 }
 
 void TcpTransport::close() {
@@ -229,10 +229,7 @@ void TcpTransport::close() {
     if (closed_) return;
     closing_ = true;
     parkCv_.notify_all();  // a parked progress thread (Note [Waiters drive the sockets])
-    if (wakeFd_ >= 0) {
-      uint64_t one = 1;
-      (void)!::write(wakeFd_, &one, sizeof(one));
-    }
+    if (wakeFd_ >= 0) wakeProgress();
   }
   if (thread_.joinable()) thread_.join();
   {

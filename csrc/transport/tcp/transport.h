@@ -159,6 +159,9 @@ class TcpTransport : public Transport, public Driver {
   // A poster's progress (Note [Posting threads progress]), holding ioMu_ in `io`.
   void adoptPostsHere(std::unique_lock<std::mutex> io);
   void wakeProgress();
+  // Queues callbacks a poster or driver completed for the progress thread
+  // to run (it must not run them itself); false if there were none.
+  bool keepForProgress(DeferredCallbacks& callbacks);
   void runDeferred();
   void activate(Pair& p);
   void dial(Pair& p, int index);
