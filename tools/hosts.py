@@ -112,6 +112,12 @@ class Hosts:
                 self.teardown()
                 raise
 
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self.teardown()
+
     def ns(self, k):
         return f"{self.prefix}-h{k}"
 
