@@ -310,17 +310,105 @@ TEST(TcpOptions, InvalidValuesNameTheSetting) {
 
 TEST(TcpOptions, ListeningAddressFromTheInterfaceOrTheRouteToTheStore) {
   using transport::tcp::chooseHost;
-  EXPECT_EQ(chooseHost("", "", 0), "127.0.0.1");
-  EXPECT_EQ(chooseHost("lo", "", 0), "127.0.0.1");
-  EXPECT_EQ(chooseHost("", "127.0.0.1", 0), "127.0.0.1");
+  using transport::tcp::IfnameSyntax;
+  const auto braid = IfnameSyntax::kBraid, gloo = IfnameSyntax::kGloo;
+  EXPECT_EQ(chooseHost("", braid, "", 0), "127.0.0.1");
+  EXPECT_EQ(chooseHost("lo", braid, "", 0), "127.0.0.1");
+  EXPECT_EQ(chooseHost("=lo", braid, "", 0), "127.0.0.1");
+  EXPECT_EQ(chooseHost("no-such-if0,lo", braid, "", 0), "127.0.0.1");
+  EXPECT_EQ(chooseHost("lo", gloo, "", 0), "127.0.0.1");
+  EXPECT_EQ(chooseHost("", braid, "127.0.0.1", 0), "127.0.0.1");
   try {
-    chooseHost("no-such-if0", "", 3);
+    chooseHost("no-such-if0", braid, "", 3);
     ADD_FAILURE() << "no error for a missing interface";
   } catch (const Error& e) {
     std::string m = e.what();
     EXPECT_NE(m.find("BRAID_SOCKET_IFNAME='no-such-if0'"), std::string::npos) << m;
     EXPECT_NE(m.find("lo"), std::string::npos) << m;  // the interfaces there are
     EXPECT_NE(m.find("(rank 3)"), std::string::npos) << m;
+  }
+  try {
+    chooseHost("l", gloo, "", 2);  // gloo's names are exact: "l" is not a prefix of lo
+    ADD_FAILURE() << "no error for a missing interface";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("GLOO_SOCKET_IFNAME='l'"), std::string::npos) << e.what();
+  }
+}
+
+namespace {
+
+// A machine with loopback, two Ethernet ports (eth1 also has IPv6), eth10,
+// a docker bridge and an InfiniBand port with only IPv6.
+std::vector<transport::tcp::LocalAddr> someInterfaces() {
+  return {{"lo", "127.0.0.1", false, true},      {"lo", "::1", true, true},
+          {"docker0", "172.17.0.1", false, false}, {"eth10", "10.0.10.1", false, false},
+          {"eth1", "fd00::1", true, false},       {"eth1", "10.0.1.1", false, false},
+          {"eth0", "10.0.0.1", false, false},     {"ib0", "fd00::2", true, false}};
+}
+
+std::string pick(const std::string& spec, const std::string& routed = "") {
+  return transport::tcp::pickAddress(spec, transport::tcp::IfnameSyntax::kBraid, someInterfaces(),
+                                     routed, 0);
+}
+
+std::string pickError(const std::string& spec, transport::tcp::IfnameSyntax syntax,
+                      const std::string& routed = "") {
+  try {
+    transport::tcp::pickAddress(spec, syntax, someInterfaces(), routed, 5);
+  } catch (const Error& e) {
+    return e.what();
+  }
+  return "no error";
+}
+
+}  // namespace
+
+TEST(TcpInterfaces, NamesArePrefixesAnExactNameFirstThenTheListsOrder) {
+  EXPECT_EQ(pick("eth1"), "10.0.1.1");  // eth1 before eth10; IPv4 before IPv6
+  EXPECT_EQ(pick("eth"), "10.0.10.1");  // the first eth* in getifaddrs' order
+  EXPECT_EQ(pick("=eth0"), "10.0.0.1");
+  EXPECT_EQ(pick("ib,eth0"), "fd00::2");  // the list's order; IPv6 when that is all
+  EXPECT_EQ(pick("wlan,eth0"), "10.0.0.1");
+  EXPECT_EQ(pick("docker"), "172.17.0.1");
+  EXPECT_EQ(pick("lo"), "127.0.0.1");
+}
+
+TEST(TcpInterfaces, ExclusionsPreferTheRouteToTheStoreAndSkipLoopback) {
+  EXPECT_EQ(pick("^docker"), "10.0.10.1");
+  EXPECT_EQ(pick("^docker", "10.0.0.1"), "10.0.0.1");  // the route, allowed
+  EXPECT_EQ(pick("^eth0", "10.0.0.1"), "172.17.0.1");  // the route, excluded
+  EXPECT_EQ(pick("^docker,eth", "127.0.0.1"), "fd00::2");
+  EXPECT_EQ(pick("^=eth1,docker0"), "10.0.10.1");
+  EXPECT_EQ(pick("^=eth10,docker0"), "10.0.1.1");
+}
+
+TEST(TcpInterfaces, GloosNamesAreExact) {
+  const auto gloo = transport::tcp::IfnameSyntax::kGloo;
+  EXPECT_EQ(transport::tcp::pickAddress("eth0,eth1", gloo, someInterfaces(), "", 0), "10.0.0.1");
+  EXPECT_EQ(transport::tcp::pickAddress("eth1", gloo, someInterfaces(), "", 0), "10.0.1.1");
+  std::string m = pickError("eth", gloo);
+  EXPECT_NE(m.find("GLOO_SOCKET_IFNAME='eth' matches no interface"), std::string::npos) << m;
+  m = pickError("^docker0", gloo);  // no exclusions in gloo's syntax: a name that is not there
+  EXPECT_NE(m.find("GLOO_SOCKET_IFNAME='^docker0' matches no interface"), std::string::npos) << m;
+}
+
+TEST(TcpInterfaces, ErrorsNameTheSettingTheValueTheRankAndTheInterfaces) {
+  const auto braid = transport::tcp::IfnameSyntax::kBraid;
+  std::string m = pickError("wlan", braid);
+  EXPECT_NE(m.find("BRAID_SOCKET_IFNAME='wlan' matches no interface"), std::string::npos) << m;
+  EXPECT_NE(m.find("(rank 5)"), std::string::npos) << m;
+  EXPECT_NE(m.find("interfaces with addresses: lo, docker0, eth10, eth1, eth0, ib0"),
+            std::string::npos)
+      << m;
+  m = pickError("^docker,eth,ib", braid);
+  EXPECT_NE(m.find("'^docker,eth,ib' matches no allowed non-loopback interface"),
+            std::string::npos)
+      << m;
+  for (const char* bad : {"eth0,", ",eth0", "eth0,,ib0", "^", "=", "^="}) {
+    m = pickError(bad, braid);
+    EXPECT_NE(m.find(std::string("BRAID_SOCKET_IFNAME='") + bad + "' has an empty interface name"),
+              std::string::npos)
+        << m;
   }
 }
 

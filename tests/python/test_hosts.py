@@ -153,10 +153,11 @@ def test_teardown_kills_and_removes_everything_and_is_idempotent():
 
 
 # ---- jobs across hosts ----------------------------------------------------------------------
-def run_ranks(hosts, world, args, script=RANK_SCRIPT):
+def run_ranks(hosts, world, args, script=RANK_SCRIPT, env=None, stderrs=None):
     """`script` RANK WORLD STORE_ADDR PORT *args, rank r on host r * N // world (as
-    benchmarks/collectives.py --hosts); their JSON lines."""
-    env = dict(os.environ, OMP_NUM_THREADS="1",
+    benchmarks/collectives.py --hosts), with `env` added to ours; their JSON lines. Their
+    stderr goes to the list `stderrs` when one is given."""
+    env = dict(os.environ, OMP_NUM_THREADS="1", **(env or {}),
                PYTHONPATH=H.PYTHON_DIR + os.pathsep + os.environ.get("PYTHONPATH", ""))
     procs = [subprocess.Popen(hosts.cmd(r * hosts.n // world, [
         sys.executable, script, str(r), str(world), hosts.addr(0), str(PORT), *args]),
@@ -169,6 +170,8 @@ def run_ranks(hosts, world, args, script=RANK_SCRIPT):
             out, err = p.communicate(timeout=max(1, deadline - time.monotonic()))
             assert p.returncode == 0, f"rank exited with {p.returncode}:\n{err[-4000:]}"
             outs.append(json.loads(out.strip().splitlines()[-1]))
+            if stderrs is not None:
+                stderrs.append(err)
     except subprocess.TimeoutExpired:
         pytest.fail(f"ranks did not finish within {JOB_TIMEOUT_S} s")
     finally:
@@ -193,6 +196,34 @@ def test_gloo_and_braid_across_hosts(nhosts, per_host):
         assert len(o["losses"]["braid"]) == len(o["losses"]["gloo"]) == 5, o["losses"]
         for got, want in zip(o["losses"]["braid"], o["losses"]["gloo"]):
             assert abs(got - want) <= 1e-5 * max(1.0, abs(want)), o["losses"]
+
+
+@pytest.mark.braid_only
+@pytest.mark.parametrize("setting,value", [
+    ("BRAID_SOCKET_IFNAME", "eth"), ("BRAID_SOCKET_IFNAME", "=eth0"),
+    ("BRAID_SOCKET_IFNAME", "wlan,eth0"), ("BRAID_SOCKET_IFNAME", "^lo,docker"),
+    ("GLOO_SOCKET_IFNAME", "eth0")], ids=["prefix", "exact", "list", "exclusions", "gloos"])
+def test_the_interface_setting_picks_each_hosts_own_address(setting, value):
+    """Note [Choosing the interface]: NCCL's syntax for braid's setting, gloo's names when only
+    gloo's is set. Each rank logs the address it listens on and the setting that chose it."""
+    h = hosts_mod.Hosts(2)
+    errs = []
+    outs = run_ranks(h, 2, ["braid"], env={setting: value, "BRAID_LOG_LEVEL": "info"},
+                     stderrs=errs)
+    for r, (o, err) in enumerate(zip(outs, errs)):
+        assert o["results"]["braid"] == "ok", o
+        assert f"listening on {h.addr(r)}:" in err and f"({setting}='{value}')" in err, err[-2000:]
+
+
+@pytest.mark.braid_only
+def test_an_interface_that_matches_nothing_fails_init_naming_it():
+    h = hosts_mod.Hosts(2)
+    outs = run_ranks(h, 2, ["gloo,braid"], env={"BRAID_SOCKET_IFNAME": "wlan"})
+    for r, o in enumerate(outs):
+        assert o["results"]["gloo"] == "ok", o
+        err = o["results"]["braid"]
+        assert "BRAID_SOCKET_IFNAME='wlan' matches no interface" in err, err
+        assert f"(rank {r})" in err and "lo, eth0" in err, err
 
 
 @pytest.mark.braid_only

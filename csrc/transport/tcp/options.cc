@@ -1,5 +1,6 @@
 #include "transport/tcp/options.h"
 
+#include <cstdlib>
 #include <fstream>
 #include <sstream>
 
@@ -23,8 +24,10 @@ BRAID_SETTING_INT(kUnexpectedBytes, "BRAID_TCP_UNEXPECTED_BYTES", 64 << 20,
                   "Bytes a rank buffers for TCP messages whose receive is not posted yet; past "
                   "that, the sender's sockets wait until a receive is posted.");
 BRAID_SETTING_STRING(kIfname, "BRAID_SOCKET_IFNAME", "",
-                     "Network interface whose address TCP listens on; unset: the address that "
-                     "routes to the store's host.");
+                     "Network interface whose address TCP listens on, in NCCL_SOCKET_IFNAME's "
+                     "syntax: eth (any eth*), =eth0 (exactly), eth0,ib0 (the first that "
+                     "exists), ^docker,lo (any but those); unset: GLOO_SOCKET_IFNAME's names, "
+                     "else the address that routes to the store's host.");
 BRAID_SETTING_SECRET(kSecret, "BRAID_SECRET",
                      "Per-job secret that authenticates every TCP connection (HMAC-SHA256); "
                      "never sent, never stored in the store. Prefer BRAID_SECRET_FILE.");
@@ -73,6 +76,12 @@ TcpOptions TcpOptions::fromEnv(int rank, int size) {
   o.maxUnexpectedBytes = static_cast<size_t>(unexpected);
   o.timeout = std::chrono::milliseconds(ms);
   o.ifname = kIfname.get();
+  // gloo's setting, when braid's is unset (Note [Choosing the interface]).
+  const char* gloo = std::getenv("GLOO_SOCKET_IFNAME");
+  if (o.ifname.empty() && gloo && *gloo) {
+    o.ifname = gloo;
+    o.ifnameSyntax = IfnameSyntax::kGloo;
+  }
   o.secret = kSecret.get();
   std::string file = kSecretFile.get();
   if (o.secret.empty() && !file.empty()) o.secret = readSecretFile(file, rank);

@@ -7,6 +7,8 @@
 #include <string>
 #include <vector>
 
+#include "transport/tcp/interfaces.h"
+
 namespace braid {
 namespace transport {
 namespace tcp {
@@ -21,7 +23,10 @@ struct TcpOptions {
   ConnectMode connect = ConnectMode::kEager;  // BRAID_TCP_CONNECT
   size_t chunkBytes = 512 << 10;    // BRAID_TCP_CHUNK_BYTES, >= 64 KiB
   size_t maxUnexpectedBytes = 64 << 20;  // BRAID_TCP_UNEXPECTED_BYTES
-  std::string ifname;               // BRAID_SOCKET_IFNAME; "" = route to storeHost
+  // BRAID_SOCKET_IFNAME, else GLOO_SOCKET_IFNAME (ifnameSyntax says which);
+  // "" = the address that routes to storeHost (Note [Choosing the interface]).
+  std::string ifname;
+  IfnameSyntax ifnameSyntax = IfnameSyntax::kBraid;
   std::string storeHost;            // the store's host (the caller knows it); "" = loopback
   // How errors name each peer ("rank 5 on host 'b'"), by transport rank;
   // empty: "rank <p>". The address follows either way.

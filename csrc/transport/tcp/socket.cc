@@ -2,8 +2,6 @@
 
 #include <arpa/inet.h>
 #include <fcntl.h>
-#include <ifaddrs.h>
-#include <net/if.h>
 #include <netdb.h>
 #include <netinet/in.h>
 #include <netinet/tcp.h>
@@ -17,9 +15,7 @@
 namespace braid {
 namespace transport {
 namespace tcp {
-namespace {
-
-std::string hostOf(const sockaddr* sa) {
+std::string numericHost(const sockaddr* sa) {
   char buf[INET6_ADDRSTRLEN] = "?";
   if (sa->sa_family == AF_INET) {
     inet_ntop(AF_INET, &reinterpret_cast<const sockaddr_in*>(sa)->sin_addr, buf, sizeof(buf));
@@ -29,7 +25,7 @@ std::string hostOf(const sockaddr* sa) {
   return buf;
 }
 
-bool resolve(const std::string& host, const char* port, int flags, SockAddr* out) {
+bool resolveHost(const std::string& host, const char* port, int flags, SockAddr* out) {
   addrinfo hints{}, *res = nullptr;
   hints.ai_family = AF_UNSPEC;
   hints.ai_socktype = SOCK_STREAM;
@@ -41,14 +37,12 @@ bool resolve(const std::string& host, const char* port, int flags, SockAddr* out
   return true;
 }
 
-}  // namespace
-
 std::string SockAddr::str() const {
   const auto* sa = reinterpret_cast<const sockaddr*>(&ss);
   uint16_t port = 0;
   if (sa->sa_family == AF_INET) port = ntohs(reinterpret_cast<const sockaddr_in*>(sa)->sin_port);
   if (sa->sa_family == AF_INET6) port = ntohs(reinterpret_cast<const sockaddr_in6*>(sa)->sin6_port);
-  std::string h = hostOf(sa);
+  std::string h = numericHost(sa);
   if (sa->sa_family == AF_INET6) h = "[" + h + "]";
   return h + ":" + std::to_string(port);
 }
@@ -59,53 +53,14 @@ SockAddr parseAddr(const std::string& s, int rank) {
   std::string host = s.substr(0, colon), port = s.substr(colon + 1);
   if (host.size() >= 2 && host.front() == '[') host = host.substr(1, host.size() - 2);
   SockAddr a;
-  BRAID_ENFORCE(resolve(host, port.c_str(), AI_NUMERICHOST | AI_NUMERICSERV, &a), "tcp connect",
+  BRAID_ENFORCE(resolveHost(host, port.c_str(), AI_NUMERICHOST | AI_NUMERICSERV, &a), "tcp connect",
                 rank, "bad address '", s, "'");
   return a;
 }
 
-std::string chooseHost(const std::string& ifname, const std::string& storeHost, int rank) {
-  if (!ifname.empty()) {
-    ifaddrs* ifs = nullptr;
-    BRAID_ENFORCE(getifaddrs(&ifs) == 0, "tcp init", rank, "getifaddrs: ", std::strerror(errno));
-    std::string v4, v6, names;
-    for (ifaddrs* i = ifs; i; i = i->ifa_next) {
-      if (!i->ifa_addr) continue;
-      names += std::string(names.empty() ? "" : ", ") + i->ifa_name;
-      if (ifname != i->ifa_name) continue;
-      if (i->ifa_addr->sa_family == AF_INET && v4.empty()) v4 = hostOf(i->ifa_addr);
-      if (i->ifa_addr->sa_family == AF_INET6 && v6.empty() &&
-          !IN6_IS_ADDR_LINKLOCAL(&reinterpret_cast<sockaddr_in6*>(i->ifa_addr)->sin6_addr)) {
-        v6 = hostOf(i->ifa_addr);
-      }
-    }
-    freeifaddrs(ifs);
-    BRAID_ENFORCE(!v4.empty() || !v6.empty(), "tcp init", rank, "BRAID_SOCKET_IFNAME='", ifname,
-                  "' has no usable address; interfaces with addresses: ", names);
-    return v4.empty() ? v6 : v4;
-  }
-  if (storeHost.empty()) return "127.0.0.1";
-  // The source address of a route to the store: connect() a UDP socket
-  // (which sends nothing) and read its local address.
-  SockAddr to;
-  BRAID_ENFORCE(resolve(storeHost, "9", 0, &to), "tcp init", rank, "cannot resolve the store's host '",
-                storeHost, "'");
-  int fd = ::socket(to.ss.ss_family, SOCK_DGRAM | SOCK_CLOEXEC, 0);
-  BRAID_ENFORCE(fd >= 0, "tcp init", rank, "socket: ", std::strerror(errno));
-  SockAddr local;
-  local.len = sizeof(local.ss);
-  bool ok = ::connect(fd, reinterpret_cast<sockaddr*>(&to.ss), to.len) == 0 &&
-            getsockname(fd, reinterpret_cast<sockaddr*>(&local.ss), &local.len) == 0;
-  int err = errno;
-  ::close(fd);
-  BRAID_ENFORCE(ok, "tcp init", rank, "no route to the store's host '", storeHost,
-                "': ", std::strerror(err), " (set BRAID_SOCKET_IFNAME)");
-  return hostOf(reinterpret_cast<sockaddr*>(&local.ss));
-}
-
 int listenOn(const std::string& host, int rank, SockAddr* bound) {
   SockAddr a;
-  BRAID_ENFORCE(resolve(host, "0", AI_NUMERICHOST | AI_PASSIVE, &a), "tcp listen", rank,
+  BRAID_ENFORCE(resolveHost(host, "0", AI_NUMERICHOST | AI_PASSIVE, &a), "tcp listen", rank,
                 "bad host '", host, "'");
   int fd = ::socket(a.ss.ss_family, SOCK_STREAM | SOCK_NONBLOCK | SOCK_CLOEXEC, 0);
   BRAID_ENFORCE(fd >= 0, "tcp listen", rank, "socket: ", std::strerror(errno));

@@ -16,12 +16,13 @@ struct SockAddr {
   std::string str() const;  // "10.0.0.2:41234", "[fe80::1]:41234"
 };
 
+// The numeric host of an AF_INET or AF_INET6 address ("?" for others).
+std::string numericHost(const sockaddr* sa);
+// getaddrinfo's first answer for host:port; false when there is none.
+bool resolveHost(const std::string& host, const char* port, int flags, SockAddr* out);
+
 // Parses SockAddr::str() (numeric hosts only).
 SockAddr parseAddr(const std::string& s, int rank);
-
-// The host to listen on: BRAID_SOCKET_IFNAME's address when `ifname` is set,
-// else the local address that routes to `storeHost`, else loopback.
-std::string chooseHost(const std::string& ifname, const std::string& storeHost, int rank);
 
 // A non-blocking listening socket on `host`, port chosen by the kernel.
 int listenOn(const std::string& host, int rank, SockAddr* bound);
