@@ -14,7 +14,7 @@ Note [Simulated hosts]
 Host k is:
   - a network namespace `<prefix>-h<k>` (ip netns) whose eth0 is one end of a veth pair;
     the other ends are ports of a bridge in a namespace of its own, `<prefix>-br`. Addresses
-    are 10.233.0.<k+1>/24 with no default route, so a host reaches the other hosts and its
+    are 10.233.0.<k+1>/24 and fd00:233::<k+1>/64 with no default route, so a host reaches the other hosts and its
     own loopback and nothing else; the root namespace (this machine's network) is never
     joined. Every run has its own namespaces, so parallel runs may use the same addresses.
   - a hostname braid-h<k> and an /etc/hosts naming every host (gloo, torchrun and c10d
@@ -44,6 +44,7 @@ import subprocess
 import sys
 
 SUBNET = "10.233.0"
+SUBNET6 = "fd00:233"
 STATE_ROOT = "/run/braid-hosts"
 NETNS_DIR = "/run/netns"
 TOOLS = ("ip", "tc", "unshare", "nsenter", "mount", "umount")
@@ -124,6 +125,10 @@ class Hosts:
     def addr(self, k):
         return f"{SUBNET}.{k + 1}"
 
+    def addr6(self, k):
+        """Host k's IPv6 address (a unique local one, beside its IPv4 address)."""
+        return f"{SUBNET6}::{k + 1}"
+
     def hostname(self, k):
         return f"braid-h{k}"
 
@@ -150,6 +155,8 @@ class Hosts:
             _sh("ip", "-n", self.bridge_ns, "link", "set", port, "master", "br0")
             _sh("ip", "-n", self.bridge_ns, "link", "set", port, "up")
             _sh("ip", "-n", ns, "addr", "add", f"{self.addr(k)}/24", "dev", "eth0")
+            # nodad: usable at once, without duplicate address detection's delay
+            _sh("ip", "-n", ns, "addr", "add", f"{self.addr6(k)}/64", "dev", "eth0", "nodad")
             _sh("ip", "-n", ns, "link", "set", "eth0", "up")
             _sh("ip", "-n", ns, "link", "set", "lo", "up")
             if self.link_gbit:

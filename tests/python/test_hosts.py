@@ -153,14 +153,15 @@ def test_teardown_kills_and_removes_everything_and_is_idempotent():
 
 
 # ---- jobs across hosts ----------------------------------------------------------------------
-def run_ranks(hosts, world, args, script=RANK_SCRIPT, env=None, stderrs=None):
+def run_ranks(hosts, world, args, script=RANK_SCRIPT, env=None, stderrs=None, store_addr=None):
     """`script` RANK WORLD STORE_ADDR PORT *args, rank r on host r * N // world (as
     benchmarks/collectives.py --hosts), with `env` added to ours; their JSON lines. Their
     stderr goes to the list `stderrs` when one is given."""
     env = dict(os.environ, OMP_NUM_THREADS="1", **(env or {}),
                PYTHONPATH=H.PYTHON_DIR + os.pathsep + os.environ.get("PYTHONPATH", ""))
     procs = [subprocess.Popen(hosts.cmd(r * hosts.n // world, [
-        sys.executable, script, str(r), str(world), hosts.addr(0), str(PORT), *args]),
+        sys.executable, script, str(r), str(world), store_addr or hosts.addr(0), str(PORT),
+        *args]),
         env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
         text=True) for r in range(world)]
     deadline = time.monotonic() + JOB_TIMEOUT_S
@@ -213,6 +214,19 @@ def test_the_interface_setting_picks_each_hosts_own_address(setting, value):
     for r, (o, err) in enumerate(zip(outs, errs)):
         assert o["results"]["braid"] == "ok", o
         assert f"listening on {h.addr(r)}:" in err and f"({setting}='{value}')" in err, err[-2000:]
+
+
+@pytest.mark.braid_only
+def test_a_job_whose_store_has_an_ipv6_address_connects_over_ipv6():
+    """Each rank listens on the address that routes to the store: IPv6 here, written
+    [host]:port in the store and in the log."""
+    h = hosts_mod.Hosts(2)
+    errs = []
+    outs = run_ranks(h, 2, ["braid"], env={"BRAID_LOG_LEVEL": "info"}, stderrs=errs,
+                     store_addr=h.addr6(0))
+    for r, (o, err) in enumerate(zip(outs, errs)):
+        assert o["results"]["braid"] == "ok", o
+        assert f"listening on [{h.addr6(r)}]:" in err, err[-2000:]
 
 
 @pytest.mark.braid_only

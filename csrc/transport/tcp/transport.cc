@@ -57,7 +57,8 @@ TcpTransport::~TcpTransport() { close(); }
 void TcpTransport::start(Store& store) {
   const auto deadline = Clock::now() + opt_.timeout;
   SockAddr bound;
-  listenFd_ = listenOn(chooseHost(opt_.ifname, opt_.ifnameSyntax, opt_.storeHost, rank_), rank_, &bound);
+  const std::string host = chooseHost(opt_.ifname, opt_.ifnameSyntax, opt_.storeHost, rank_);
+  listenFd_ = listenOn(host, rank_, &bound);
   epollFd_ = epoll_create1(EPOLL_CLOEXEC);
   wakeFd_ = eventfd(0, EFD_NONBLOCK | EFD_CLOEXEC);
   BRAID_ENFORCE(epollFd_ >= 0 && wakeFd_ >= 0, "tcp connect", rank_, "epoll/eventfd: ",
@@ -72,12 +73,6 @@ void TcpTransport::start(Store& store) {
                   "epoll_ctl: ", std::strerror(errno));
   }
   const std::string me = bound.str();
-  BRAID_LOG(kInfo, "tcp", logRank_)
-      << "listening on " << me << " ("
-      << (opt_.ifname.empty() ? std::string("the route to the store's host")
-                              : std::string(ifnameSetting(opt_.ifnameSyntax)) + "='" +
-                                    opt_.ifname + "'")
-      << ")";
   std::string missing;
   addrs_ = exchangeThroughStore(
       store, [this](int r) { return addrKey(opt_.groupId, r); }, rank_, size_, me, deadline,
@@ -89,7 +84,11 @@ void TcpTransport::start(Store& store) {
   }
   BRAID_LOG(kInfo, "tcp", logRank_)
       << "group " << opt_.groupId << " (rank " << rank_ << " of " << size_ << "): listening on "
-      << me << ", " << opt_.socketsPerPeer << " sockets per peer, "
+      << me << " ("
+      << (opt_.ifname.empty() ? std::string("the route to the store's host")
+                              : std::string(ifnameSetting(opt_.ifnameSyntax)) + "='" +
+                                    opt_.ifname + "'")
+      << "), " << opt_.socketsPerPeer << " sockets per peer, "
       << (opt_.connect == ConnectMode::kEager ? "eager" : "lazy");
   thread_ = std::thread([this] { loop(); });
   named(thread_, "braid-tcp");
