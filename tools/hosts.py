@@ -18,7 +18,9 @@ Host k is:
     own loopback and nothing else; the root namespace (this machine's network) is never
     joined. Every run has its own namespaces, so parallel runs may use the same addresses.
   - a hostname braid-h<k> and an /etc/hosts naming every host (gloo, torchrun and c10d
-    resolve hostnames as on a real cluster);
+    resolve hostnames as on a real cluster). With own_name_loopback, a host's own name maps
+    to 127.0.1.1 instead, as Debian's and Ubuntu's installers write it: the name by which the
+    other hosts reach it resolves to loopback on the host itself;
   - a tmpfs of its own mounted at /dev/shm, shared by the processes of that host only.
 `cmd(k, argv)` runs argv in host k's network namespace (nsenter) and in a fresh UTS and
 private mount namespace (unshare) that set the hostname, bind the host's tmpfs at /dev/shm
@@ -94,8 +96,9 @@ def _tbf(ns, dev, gbit):
 class Hosts:
     """n simulated hosts (Note [Simulated hosts]); torn down by teardown() or at exit."""
 
-    def __init__(self, n, link_gbit=None, prefix=None, create=True):
+    def __init__(self, n, link_gbit=None, prefix=None, create=True, own_name_loopback=False):
         self.n, self.link_gbit = n, link_gbit
+        self.own_name_loopback = own_name_loopback
         self.prefix = prefix or f"bh{os.getpid()}-{random.randrange(16 ** 4):04x}"
         self.state = os.path.join(STATE_ROOT, self.prefix)
         self.bridge_ns = f"{self.prefix}-br"
@@ -132,6 +135,10 @@ class Hosts:
     def hostname(self, k):
         return f"braid-h{k}"
 
+    def hosts_file(self, k):
+        """Host k's /etc/hosts as seen from the root namespace."""
+        return os.path.join(self.state, f"hosts-h{k}")
+
     def shm(self, k):
         """Host k's /dev/shm as seen from the root namespace (for leak checks)."""
         return os.path.join(self.state, f"h{k}", "shm")
@@ -140,9 +147,13 @@ class Hosts:
         if self.n < 1 or self.n > 200:
             raise ValueError(f"hosts: {self.n} hosts; expected 1 to 200")
         os.makedirs(self.state, mode=0o700)
-        with open(os.path.join(self.state, "hosts"), "w") as f:
-            f.write("127.0.0.1 localhost\n::1 localhost\n")
-            f.writelines(f"{self.addr(k)} {self.hostname(k)}\n" for k in range(self.n))
+        for k in range(self.n):
+            with open(self.hosts_file(k), "w") as f:
+                f.write("127.0.0.1 localhost\n::1 localhost\n")
+                f.writelines(f"{self.addr(q)} {self.hostname(q)}\n" for q in range(self.n)
+                             if q != k or not self.own_name_loopback)
+                if self.own_name_loopback:
+                    f.write(f"127.0.1.1 {self.hostname(k)}\n")
         _sh("ip", "netns", "add", self.bridge_ns)
         _sh("ip", "-n", self.bridge_ns, "link", "add", "br0", "type", "bridge")
         _sh("ip", "-n", self.bridge_ns, "link", "set", "br0", "up")
@@ -169,7 +180,7 @@ class Hosts:
         """argv run on host k (a list for subprocess)."""
         return (["nsenter", f"--net={NETNS_DIR}/{self.ns(k)}", "unshare", "--uts", "--mount",
                  "--propagation", "private", "sh", "-c", _ENTER, "sh", self.hostname(k),
-                 self.shm(k), os.path.join(self.state, "hosts"), self.state] + list(argv))
+                 self.shm(k), self.hosts_file(k), self.state] + list(argv))
 
     def pids(self, k=None):
         """The processes running on host k (every host and the bridge: k=None)."""

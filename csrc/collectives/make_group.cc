@@ -6,7 +6,6 @@
 #include "common/logging.h"
 #include "transport/host.h"
 #include "transport/shm/window.h"
-#include "transport/tcp/options.h"
 #include "transport/topology.h"
 
 namespace braid {
@@ -21,11 +20,6 @@ std::unique_ptr<Group> makeGroup(transport::Store& store, int rank, int size,
     w.controlBytes = collectives::Communicator::controlBytesFor(size);
     w.timeout = opts.timeout;
     return std::make_unique<ShmGroup>(transport::shm::ShmWindow::create(store, rank, size, w));
-  }
-  if (opts.storeHost.empty() && transport::tcp::TcpOptions::fromEnv(rank, size).ifname.empty()) {
-    BRAID_THROW(Error, "init", rank, "the group spans hosts (", topo.describe(),
-                ") and braid cannot tell which interface reaches them: the store is not a "
-                "TCPStore and MASTER_ADDR is unset; set BRAID_SOCKET_IFNAME");
   }
   HierOptions h;
   h.groupId = opts.groupId;

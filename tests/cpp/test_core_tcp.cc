@@ -312,14 +312,14 @@ TEST(TcpOptions, ListeningAddressFromTheInterfaceOrTheRouteToTheStore) {
   using transport::tcp::chooseHost;
   using transport::tcp::IfnameSyntax;
   const auto braid = IfnameSyntax::kBraid, gloo = IfnameSyntax::kGloo;
-  EXPECT_EQ(chooseHost("", braid, "", 0), "127.0.0.1");
-  EXPECT_EQ(chooseHost("lo", braid, "", 0), "127.0.0.1");
-  EXPECT_EQ(chooseHost("=lo", braid, "", 0), "127.0.0.1");
-  EXPECT_EQ(chooseHost("no-such-if0,lo", braid, "", 0), "127.0.0.1");
-  EXPECT_EQ(chooseHost("lo", gloo, "", 0), "127.0.0.1");
-  EXPECT_EQ(chooseHost("", braid, "127.0.0.1", 0), "127.0.0.1");
+  EXPECT_EQ(chooseHost("", braid, "", false, 0), "127.0.0.1");
+  EXPECT_EQ(chooseHost("lo", braid, "", false, 0), "127.0.0.1");
+  EXPECT_EQ(chooseHost("=lo", braid, "", false, 0), "127.0.0.1");
+  EXPECT_EQ(chooseHost("no-such-if0,lo", braid, "", false, 0), "127.0.0.1");
+  EXPECT_EQ(chooseHost("lo", gloo, "", false, 0), "127.0.0.1");
+  EXPECT_EQ(chooseHost("", braid, "127.0.0.1", false, 0), "127.0.0.1");
   try {
-    chooseHost("no-such-if0", braid, "", 3);
+    chooseHost("no-such-if0", braid, "", false, 3);
     ADD_FAILURE() << "no error for a missing interface";
   } catch (const Error& e) {
     std::string m = e.what();
@@ -328,11 +328,34 @@ TEST(TcpOptions, ListeningAddressFromTheInterfaceOrTheRouteToTheStore) {
     EXPECT_NE(m.find("(rank 3)"), std::string::npos) << m;
   }
   try {
-    chooseHost("l", gloo, "", 2);  // gloo's names are exact: "l" is not a prefix of lo
+    chooseHost("l", gloo, "", false, 2);  // gloo's names are exact: "l" is not a prefix of lo
     ADD_FAILURE() << "no error for a missing interface";
   } catch (const Error& e) {
     EXPECT_NE(std::string(e.what()).find("GLOO_SOCKET_IFNAME='l'"), std::string::npos) << e.what();
   }
+}
+
+TEST(TcpOptions, AcrossHostsALoopbackRouteBecomesAnOutwardInterface) {
+  // Note [A store on this host]: what this machine has decides the answer.
+  using transport::tcp::chooseHost;
+  const auto braid = transport::tcp::IfnameSyntax::kBraid;
+  std::string outward;
+  for (const auto& a : transport::tcp::localAddrs(0)) {
+    if (outward.empty() && !a.loopback && a.ifname.rfind("docker", 0) != 0 &&
+        a.ifname.rfind("virbr", 0) != 0) {
+      outward = a.host;
+    }
+  }
+  if (outward.empty()) {
+    EXPECT_EQ(chooseHost("", braid, "127.0.0.1", true, 0), "127.0.0.1");
+    EXPECT_THROW(chooseHost("", braid, "", true, 0), Error);
+    return;
+  }
+  std::string got = chooseHost("", braid, "127.0.0.1", true, 0);
+  EXPECT_EQ(got.rfind("127.", 0), std::string::npos) << got;  // not loopback
+  EXPECT_EQ(chooseHost("", braid, "", true, 0), got);           // no store host either
+  EXPECT_EQ(chooseHost("", braid, "127.0.0.1", false, 0), "127.0.0.1");  // one host: as it was
+  EXPECT_EQ(chooseHost("", braid, got, true, 0), got);  // a route that is not loopback stays
 }
 
 namespace {

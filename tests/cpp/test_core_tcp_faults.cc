@@ -73,43 +73,77 @@ std::string waitError(const std::shared_ptr<transport::Request>& r, int ms = 500
 
 TEST_F(TcpFaults, WrongSecretIsRefusedNamingThePeerWithinTheTimeout) {
   auto base = tcpOptions("wrong-secret");
-  base.timeout = std::chrono::milliseconds(1000);
+  base.timeout = std::chrono::milliseconds(5000);
   ::testing::internal::CaptureStderr();
+  const auto start = transport::Clock::now();
   auto errors = connectErrors(2, [&](int r) {
     auto o = base;
     if (r == 1) o.secret = "another-secret";
     return o;
   });
+  const auto took = transport::Clock::now() - start;
   std::string log = ::testing::internal::GetCapturedStderr();
   // The dialer finds the acceptor's proof wrong; the acceptor refuses the
-  // dialer (logged with its address) and times out waiting for rank 1.
+  // dialer (logged with its address) and, told by the store that rank 1 gave
+  // up (Note [A rank that cannot connect]), fails quoting it, long before its
+  // timeout.
   EXPECT_HAS(errors[1], "rank 0 at 127.0.0.1:");
   EXPECT_HAS(errors[1], "failed authentication");
-  EXPECT_HAS(errors[0], "timed out");
-  EXPECT_HAS(errors[0], "(not connected: rank 1 at 127.0.0.1:");
+  EXPECT_HAS(errors[0], "tcp connect (rank 0): a peer could not connect: braid tcp connect "
+                        "(rank 1): rank 0 at 127.0.0.1:");
+  EXPECT_HAS(errors[0], "failed authentication");
   EXPECT_HAS(errors[0], "refused a connection from 127.0.0.1:");
   EXPECT_HAS(errors[0], "claiming rank 1");
   EXPECT_HAS(log, "refused a connection from 127.0.0.1:");
+  EXPECT_LT(took, std::chrono::milliseconds(3000));
 }
 
-TEST_F(TcpFaults, AnAcceptorThatLosesAPeerFirstStillSaysWhatItRefused) {
-  // Ranks 0 and 1 share a secret, rank 2 has another. Rank 1 refuses rank 2
-  // and, before its own deadline, loses rank 0 (whose deadline is earlier):
-  // its error is rank 0's departure, and the refusal says why the group failed.
-  auto base = tcpOptions("lost-first");
+TEST_F(TcpFaults, AcceptorsQuoteThePeerThatGaveUpAndWhatTheyRefused) {
+  // Ranks 0 and 1 share a secret, rank 2 has another: rank 2 fails the
+  // handshakes it dials, and the acceptors fail with their own refusals of it
+  // and the first news they had: rank 2's reason from the store, or (for one
+  // of them, when the other read the store first) the other's departure.
+  auto base = tcpOptions("quote-refusals");
   auto errors = connectErrors(3, [&](int r) {
     auto o = base;
-    o.timeout = std::chrono::milliseconds(r == 0 ? 500 : 5000);
     if (r == 2) o.secret = "another-secret";
     return o;
   });
   EXPECT_HAS(errors[2], "failed authentication");
-  EXPECT_HAS(errors[0], "timed out");
-  EXPECT_HAS(errors[1], "rank 0 at 127.0.0.1:");
-  EXPECT_HAS(errors[1],
-             "closed its connections (it left: destroyed the group, exited or gave up); "
-             "tcp accept (rank 1): refused a connection from 127.0.0.1:");
-  EXPECT_HAS(errors[1], "(claiming rank 2): closed the connection after this rank's challenge");
+  const std::string quoted = "a peer could not connect: braid tcp connect (rank 2)";
+  const std::string left = "closed its connections (it left: destroyed the group, exited or "
+                           "gave up); tcp accept";
+  int quoting = 0;
+  for (int r : {0, 1}) {
+    const bool quotes = errors[r].find(quoted) != std::string::npos;
+    quoting += quotes;
+    if (!quotes) {
+      EXPECT_HAS(errors[r], "rank " + std::to_string(1 - r) + " at 127.0.0.1:");
+      EXPECT_HAS(errors[r], left);
+    }
+    EXPECT_HAS(errors[r], "(claiming rank 2): closed the connection after this rank's challenge");
+  }
+  EXPECT_GE(quoting, 1) << errors[0] << "\n" << errors[1];
+}
+
+TEST_F(TcpFaults, ARankThatCannotStartFailsItsPeersAtOnce) {
+  // Rank 1 has no interface to listen on, so it never publishes an address:
+  // its peers read why instead of waiting for the whole timeout.
+  auto base = tcpOptions("cannot-start");
+  base.timeout = std::chrono::milliseconds(20000);
+  const auto start = transport::Clock::now();
+  auto errors = connectErrors(3, [&](int r) {
+    auto o = base;
+    if (r == 1) o.ifname = "no-such-if0";
+    return o;
+  });
+  const auto took = transport::Clock::now() - start;
+  EXPECT_HAS(errors[1], "tcp init (rank 1): BRAID_SOCKET_IFNAME='no-such-if0' matches no");
+  for (int r : {0, 2}) {
+    EXPECT_HAS(errors[r], "tcp connect (rank " + std::to_string(r) + "): rank 1 could not "
+                          "connect: braid tcp init (rank 1): BRAID_SOCKET_IFNAME='no-such-if0'");
+  }
+  EXPECT_LT(took, std::chrono::milliseconds(5000));
 }
 
 TEST_F(TcpFaults, SecretOnOneSideOnlyIsRefusedSayingSo) {

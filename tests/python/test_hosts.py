@@ -217,6 +217,24 @@ def test_the_interface_setting_picks_each_hosts_own_address(setting, value):
 
 
 @pytest.mark.braid_only
+@pytest.mark.parametrize("nhosts,per_host", [(2, 1), (2, 2)], ids=["2x1", "2x2"])
+def test_a_store_named_by_a_hostname_that_is_loopback_at_home_still_connects(nhosts, per_host):
+    """Note [A store on this host]: as Debian and Ubuntu write /etc/hosts, host 0's own name
+    is 127.0.1.1 there, and the store is named by it (as torchrun's c10d rendezvous does). The
+    ranks on host 0 listen on its outward address, not on loopback."""
+    h = hosts_mod.Hosts(nhosts, own_name_loopback=True)
+    errs = []
+    world = nhosts * per_host
+    outs = run_ranks(h, world, ["braid"], env={"BRAID_LOG_LEVEL": "info"}, stderrs=errs,
+                     store_addr=h.hostname(0))
+    for r, (o, err) in enumerate(zip(outs, errs)):
+        assert o["results"]["braid"] == "ok", o
+        assert f"listening on {h.addr(r * nhosts // world)}:" in err, err[-2000:]
+        if r < per_host:
+            assert "the store's host 'braid-h0' is this host (through 127.0.0.1)" in err, err
+
+
+@pytest.mark.braid_only
 def test_a_job_whose_store_has_an_ipv6_address_connects_over_ipv6():
     """Each rank listens on the address that routes to the store: IPv6 here, written
     [host]:port in the store and in the log."""

@@ -60,6 +60,7 @@ transport::tcp::TcpOptions tcpOptions(const transport::Topology& topo, const Hie
   auto t = transport::tcp::TcpOptions::fromEnv(topo.rank(), topo.size());
   t.groupId = o.groupId + "/" + sub;
   t.storeHost = o.storeHost;
+  t.acrossHosts = true;
   t.timeout = o.timeout;
   t.logRank = topo.rank();  // a cross group's rank is its host's index: log the world's
   for (int r : ranks) t.peerNames.push_back(label(topo, r));

@@ -1,5 +1,6 @@
 #include "transport/tcp/interfaces.h"
 
+#include <arpa/inet.h>
 #include <ifaddrs.h>
 #include <net/if.h>
 #include <netinet/in.h>
@@ -10,6 +11,7 @@
 #include <cstring>
 
 #include "common/error.h"
+#include "common/logging.h"
 #include "transport/tcp/socket.h"
 
 namespace braid {
@@ -34,6 +36,21 @@ namespace tcp {
 // GLOO_SOCKET_IFNAME (comma-separated exact names) applies when
 // BRAID_SOCKET_IFNAME is unset: a script that ran on gloo keeps its network
 // when it switches to braid.
+
+// Note [A store on this host]
+// Without a setting, a rank listens on the address that routes to the store's
+// host, which its peers on other hosts can reach when the store is elsewhere.
+// On the store's own host that route can be loopback: Debian and Ubuntu map a
+// machine's own name to 127.0.1.1 in /etc/hosts, and torchrun's c10d
+// rendezvous hands its workers the master's hostname, so the ranks there
+// would listen on 127.0.0.1, which no other host can dial (gloo's
+// "connectFullMesh ... 127.0.1.1" failures). A group that spans hosts (every
+// TCP group braid makes: the hierarchy's) therefore takes such a loopback
+// route, or no store host at all (a FileStore), as "this host": it listens
+// on the first interface with a usable address that is neither loopback nor
+// a container or VM bridge (docker*, virbr*), as NCCL does by default, and
+// logs which. With no such interface it keeps loopback (one machine alone),
+// or, with no store host, fails asking for BRAID_SOCKET_IFNAME.
 
 namespace {
 
@@ -93,6 +110,25 @@ std::string routeTo(const std::string& storeHost, std::string* why) {
     return "";
   }
   return numericHost(reinterpret_cast<sockaddr*>(&local.ss));
+}
+
+bool isLoopbackHost(const std::string& host) {
+  in_addr v4;
+  in6_addr v6;
+  if (inet_pton(AF_INET, host.c_str(), &v4) == 1) return (ntohl(v4.s_addr) >> 24) == 127;
+  if (inet_pton(AF_INET6, host.c_str(), &v6) != 1) return false;
+  if (IN6_IS_ADDR_LOOPBACK(&v6)) return true;
+  return IN6_IS_ADDR_V4MAPPED(&v6) && v6.s6_addr[12] == 127;
+}
+
+// Note [A store on this host]: the first interface that is not loopback nor
+// a bridge; "" when there is none.
+std::string outwardAddress(int rank) {
+  try {
+    return pickAddress("^docker,virbr", IfnameSyntax::kBraid, localAddrs(rank), "", rank);
+  } catch (const Error&) {
+    return "";
+  }
 }
 
 }  // namespace
@@ -172,17 +208,32 @@ std::string pickAddress(const std::string& spec, IfnameSyntax syntax,
 }
 
 std::string chooseHost(const std::string& ifname, IfnameSyntax syntax,
-                       const std::string& storeHost, int rank) {
+                       const std::string& storeHost, bool acrossHosts, int rank) {
   std::string why;
   if (!ifname.empty()) {
     const bool excludes = syntax == IfnameSyntax::kBraid && ifname[0] == '^';
     const std::string routed = excludes && !storeHost.empty() ? routeTo(storeHost, &why) : "";
     return pickAddress(ifname, syntax, localAddrs(rank), routed, rank);
   }
-  if (storeHost.empty()) return "127.0.0.1";
-  std::string host = routeTo(storeHost, &why);
-  BRAID_ENFORCE(!host.empty(), "tcp init", rank, why, " (set BRAID_SOCKET_IFNAME)");
-  return host;
+  std::string host = "127.0.0.1";
+  if (!storeHost.empty()) {
+    host = routeTo(storeHost, &why);
+    BRAID_ENFORCE(!host.empty(), "tcp init", rank, why, " (set BRAID_SOCKET_IFNAME)");
+  }
+  if (!acrossHosts || !isLoopbackHost(host)) return host;
+  // Note [A store on this host]
+  const std::string outward = outwardAddress(rank);
+  BRAID_ENFORCE(!outward.empty() || !storeHost.empty(), "tcp init", rank,
+                "the group spans hosts, the store has no host to route to (not a TCPStore, "
+                "and MASTER_ADDR is unset), and this host has no interface with an address "
+                "other than loopback or a bridge; set BRAID_SOCKET_IFNAME");
+  if (outward.empty()) return host;
+  BRAID_LOG(kInfo, "tcp", rank)
+      << (storeHost.empty() ? std::string("no store host to route to")
+                            : "the store's host '" + storeHost + "' is this host (through " +
+                                  host + ")")
+      << ": listening on " << outward << " so that the other hosts can reach this rank";
+  return outward;
 }
 
 }  // namespace tcp

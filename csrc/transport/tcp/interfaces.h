@@ -39,9 +39,11 @@ std::string pickAddress(const std::string& spec, IfnameSyntax syntax,
 
 // The host to listen on: pickAddress over this machine's addresses when
 // `ifname` is set, else the local address that routes to `storeHost`, else
-// loopback.
+// loopback. When `acrossHosts` (every peer is on another host), a loopback
+// answer becomes this host's first outward interface (Note [A store on this
+// host]).
 std::string chooseHost(const std::string& ifname, IfnameSyntax syntax,
-                       const std::string& storeHost, int rank);
+                       const std::string& storeHost, bool acrossHosts, int rank);
 
 }  // namespace tcp
 }  // namespace transport

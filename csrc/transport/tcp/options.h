@@ -28,6 +28,10 @@ struct TcpOptions {
   std::string ifname;
   IfnameSyntax ifnameSyntax = IfnameSyntax::kBraid;
   std::string storeHost;            // the store's host (the caller knows it); "" = loopback
+  // Every peer this transport connects is on another host (the hierarchy's
+  // transports; not tests with threads as ranks): a loopback route to the
+  // store becomes an outward interface (Note [A store on this host]).
+  bool acrossHosts = false;
   // How errors name each peer ("rank 5 on host 'b'"), by transport rank;
   // empty: "rank <p>". The address follows either way.
   std::vector<std::string> peerNames;

@@ -20,6 +20,31 @@ std::string addrKey(const std::string& group, int rank) {
   return "braid/tcp/" + group + "/addr/" + std::to_string(rank);
 }
 
+// Note [A rank that cannot connect]
+// A rank whose TCP start fails (no usable interface, a peer it cannot dial,
+// a handshake refused) raises at once, but its peers would go on waiting for
+// its address or its sockets until the group's timeout (30 minutes by
+// default): a hang, as its users see it. So it says why in the store: its
+// address key becomes "!" and the reason (peers still reading addresses fail
+// as they read it), and a counter and the reason under the group's keys
+// (peers waiting for their sockets look every 100 ms). Each peer then fails
+// with its own error, quoting the rank's.
+constexpr auto kFailurePoll = std::chrono::milliseconds(100);
+
+std::string failedKey(const std::string& group) { return "braid/tcp/" + group + "/failed"; }
+std::string whyKey(const std::string& group) { return "braid/tcp/" + group + "/failed-why"; }
+
+void sayWhyInTheStore(Store& store, const std::string& group, int rank, const std::string& why) {
+  try {
+    std::string text = "!" + why;
+    store.set(addrKey(group, rank), {text.begin(), text.end()});
+    store.set(whyKey(group), {why.begin(), why.end()});
+    store.add(failedKey(group), 1);
+  } catch (const std::exception&) {
+    // The store is gone too: the peers will learn from their own timeouts.
+  }
+}
+
 }  // namespace
 
 std::unique_ptr<Transport> connect(Store& store, int rank, int size, const TcpOptions& options) {
@@ -30,8 +55,9 @@ std::unique_ptr<Transport> connect(Store& store, int rank, int size, const TcpOp
   auto t = std::make_unique<TcpTransport>(rank, size, options);
   try {
     t->start(store);
-  } catch (...) {
+  } catch (const std::exception& e) {
     t->close();
+    sayWhyInTheStore(store, options.groupId, rank, e.what());  // Note [A rank that cannot connect]
     throw;
   }
   return t;
@@ -57,7 +83,8 @@ TcpTransport::~TcpTransport() { close(); }
 void TcpTransport::start(Store& store) {
   const auto deadline = Clock::now() + opt_.timeout;
   SockAddr bound;
-  const std::string host = chooseHost(opt_.ifname, opt_.ifnameSyntax, opt_.storeHost, rank_);
+  const std::string host = chooseHost(opt_.ifname, opt_.ifnameSyntax, opt_.storeHost,
+                                       opt_.acrossHosts, logRank_);
   listenFd_ = listenOn(host, rank_, &bound);
   epollFd_ = epoll_create1(EPOLL_CLOEXEC);
   wakeFd_ = eventfd(0, EFD_NONBLOCK | EFD_CLOEXEC);
@@ -82,6 +109,13 @@ void TcpTransport::start(Store& store) {
                 missing.find(',') == std::string::npos ? " " : "s ", missing,
                 " published no address within ", opt_.timeout.count(), " ms");
   }
+  for (int p = 0; p < size_; ++p) {  // Note [A rank that cannot connect]
+    if (p == rank_ || addrs_[p].empty() || addrs_[p][0] != '!') continue;
+    const std::string why = addrs_[p].substr(1);
+    addrs_.clear();  // peerName must not quote the reason as an address
+    BRAID_THROW(PeerLostError, "tcp connect", logRank_, peerName(p),
+                " could not connect: ", why);
+  }
   BRAID_LOG(kInfo, "tcp", logRank_)
       << "group " << opt_.groupId << " (rank " << rank_ << " of " << size_ << "): listening on "
       << me << " ("
@@ -92,12 +126,28 @@ void TcpTransport::start(Store& store) {
       << (opt_.connect == ConnectMode::kEager ? "eager" : "lazy");
   thread_ = std::thread([this] { loop(); });
   named(thread_, "braid-tcp");
-  if (opt_.connect == ConnectMode::kEager) waitConnected(deadline);
+  if (opt_.connect == ConnectMode::kEager) waitConnected(store, deadline);
 }
 
-void TcpTransport::waitConnected(Clock::time_point deadline) {
+void TcpTransport::waitConnected(Store& store, Clock::time_point deadline) {
   std::unique_lock<std::mutex> lock(mu_);
-  bool done = cv_.wait_until(lock, deadline, [&] { return connected_ || !connectError_.empty(); });
+  auto settled = [&] { return connected_ || !connectError_.empty(); };
+  bool done = false;
+  std::string peerWhy;  // Note [A rank that cannot connect]
+  while (!done && peerWhy.empty() && Clock::now() < deadline) {
+    done = cv_.wait_until(lock, std::min(deadline, Clock::now() + kFailurePoll), settled);
+    if (done) break;
+    lock.unlock();
+    try {
+      if (store.add(failedKey(opt_.groupId), 0) > 0) {
+        auto v = store.get(whyKey(opt_.groupId), std::chrono::seconds(1));
+        peerWhy.assign(v.begin(), v.end());
+      }
+    } catch (const std::exception&) {
+      // The store is unreachable: the deadline still ends the wait.
+    }
+    lock.lock();
+  }
   // The connections this rank refused go with either failure: when ranks of
   // two hosts have different secrets, an acceptor's own failure is often a
   // peer of its host that gave up first ("closed its connections"), and the
@@ -106,6 +156,10 @@ void TcpTransport::waitConnected(Clock::time_point deadline) {
   for (const auto& r : rejections_) refused += "; " + r;
   if (!connectError_.empty()) throw PeerLostError(connectError_ + refused);
   if (done) return;
+  if (!peerWhy.empty()) {
+    throw PeerLostError(strCat("braid tcp connect (rank ", logRank_, "): a peer could not connect: ",
+                               peerWhy, refused));
+  }
   throw TimeoutError(strCat("braid tcp connect (rank ", rank_, "): timed out after ",
                             opt_.timeout.count(), " ms waiting for every peer's sockets (not "
                             "connected: ", notConnected_, ")", refused));

@@ -137,7 +137,7 @@ class TcpTransport : public Transport, public Driver {
   };
   void post(Post p, const std::shared_ptr<Request>& req);
   void checkArgs(const char* op, int peer, const void* data, size_t bytes) const;
-  void waitConnected(Clock::time_point deadline);
+  void waitConnected(Store& store, Clock::time_point deadline);
 
   // Marks the thread as holding ioMu_ for this transport: a callback run
   // under it that posts must not try to take it again.

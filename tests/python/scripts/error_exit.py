@@ -87,8 +87,9 @@ def run_case():
         time.sleep(0.5)
         dist.all_reduce(torch.ones(4))
     elif CASE == "spans_hosts":
-        if RANK == 1:
+        if RANK == 1:  # another host, whose interface setting names none it has
             os.environ["BRAID_HOST_ID_OVERRIDE"] = "some-other-host"
+            os.environ["BRAID_SOCKET_IFNAME"] = "no-such-if0"
         init()
     else:
         init()
