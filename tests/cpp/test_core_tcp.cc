@@ -9,6 +9,10 @@
 #include <condition_variable>
 #include <mutex>
 #include <random>
+
+#include <netinet/in.h>
+#include <netinet/tcp.h>
+#include <sys/socket.h>
 #include <thread>
 
 #include "common/settings.h"
@@ -432,6 +436,39 @@ TEST(TcpInterfaces, ErrorsNameTheSettingTheValueTheRankAndTheInterfaces) {
     EXPECT_NE(m.find(std::string("BRAID_SOCKET_IFNAME='") + bad + "' has an empty interface name"),
               std::string::npos)
         << m;
+  }
+}
+
+// Note [Congestion control]: every connected socket of the group, dialled or
+// accepted, runs the named algorithm (reno: always built in and allowed).
+TEST(TcpOptions, CongestionControlIsSetOnEverySocketAndABadNameFailsInit) {
+  auto o = tcpOptions("congestion");
+  o.congestion = "reno";
+  auto ts = connectGroup(2, [&](int) { return o; });
+  int connected = 0;
+  for (int fd = 0; fd < 4096; ++fd) {
+    int listening = 0;
+    socklen_t len = sizeof(listening);
+    char name[32] = {};
+    socklen_t nlen = sizeof(name);
+    if (getsockopt(fd, SOL_SOCKET, SO_ACCEPTCONN, &listening, &len) != 0 || listening) continue;
+    if (getsockopt(fd, IPPROTO_TCP, TCP_CONGESTION, name, &nlen) != 0) continue;  // not TCP
+    EXPECT_STREQ(name, "reno") << "fd " << fd;
+    ++connected;
+  }
+  EXPECT_EQ(connected, 2 * 2);  // 2 sockets per peer, both ends in this process
+  for (auto& t : ts) t->close();
+  o = tcpOptions("congestion");
+  o.congestion = "no-such-algorithm";
+  try {
+    o.check(4);
+    ADD_FAILURE() << "no error for an unknown algorithm";
+  } catch (const Error& e) {
+    std::string m = e.what();
+    EXPECT_NE(m.find("tcp init (rank 4): BRAID_TCP_CONGESTION='no-such-algorithm': "),
+              std::string::npos)
+        << m;
+    EXPECT_NE(m.find("(this process may pick: "), std::string::npos) << m;
   }
 }
 

@@ -164,6 +164,7 @@ void TcpTransport::dial(Pair& p, int index) {
   int fd;
   try {
     fd = dialStart(parseAddr(addrs_[p.peer], rank_), rank_);
+    setCongestion(fd, opt_.congestion);  // Note [Congestion control]
   } catch (const Error& e) {
     failPair(p, e.what());
     return;
@@ -193,6 +194,7 @@ void TcpTransport::acceptAll() {
       continue;
     }
     setNoDelay(fd);
+    setCongestion(fd, opt_.congestion);
     auto c = std::make_unique<Conn>();
     c->fd = fd;
     c->address = peerAddress(fd);

@@ -6,6 +6,7 @@
 
 #include "common/error.h"
 #include "common/settings.h"
+#include "transport/tcp/socket.h"
 
 namespace braid {
 namespace transport {
@@ -28,6 +29,10 @@ BRAID_SETTING_STRING(kIfname, "BRAID_SOCKET_IFNAME", "",
                      "syntax: eth (any eth*), =eth0 (exactly), eth0,ib0 (the first that "
                      "exists), ^docker,lo (any but those); unset: GLOO_SOCKET_IFNAME's names, "
                      "else the address that routes to the store's host.");
+BRAID_SETTING_STRING(kCongestion, "BRAID_TCP_CONGESTION", "",
+                     "TCP congestion control for braid's sockets (e.g. cubic, reno, bbr: one "
+                     "that /proc/sys/net/ipv4/tcp_allowed_congestion_control lists); unset: the "
+                     "system's. Note [Congestion control].");
 BRAID_SETTING_SECRET(kSecret, "BRAID_SECRET",
                      "Per-job secret that authenticates every TCP connection (HMAC-SHA256); "
                      "never sent, never stored in the store. Prefer BRAID_SECRET_FILE.");
@@ -82,6 +87,7 @@ TcpOptions TcpOptions::fromEnv(int rank, int size) {
     o.ifname = gloo;
     o.ifnameSyntax = IfnameSyntax::kGloo;
   }
+  o.congestion = kCongestion.get();
   o.secret = kSecret.get();
   std::string file = kSecretFile.get();
   if (o.secret.empty() && !file.empty()) o.secret = readSecretFile(file, rank);
@@ -100,6 +106,7 @@ void TcpOptions::check(int rank) const {
                 "BRAID_SECRET) to the same per-job secret on every rank");
   BRAID_ENFORCE(timeout.count() > 0, "tcp init", rank, "timeout must be positive, got ",
                 timeout.count(), " ms");
+  checkCongestion(congestion, rank);
 }
 
 }  // namespace tcp

@@ -45,6 +45,7 @@ struct TcpOptions {
   // skip this rank alike.
   std::vector<bool> skip;
   bool skips(int peer) const { return peer >= 0 && peer < static_cast<int>(skip.size()) && skip[peer]; }
+  std::string congestion;           // BRAID_TCP_CONGESTION; "" = the system's
   std::string secret;               // BRAID_SECRET or BRAID_SECRET_FILE; "" = none
   bool requireAuth = false;         // BRAID_REQUIRE_AUTH
   // Deadline for connecting the group (eager) or one pair (lazy), and for

@@ -36,6 +36,13 @@ std::string dialResult(int fd);
 std::string peerAddress(int fd);
 void setNoDelay(int fd);
 
+// Note [Congestion control]: the socket's congestion control, by name ("" =
+// the system's). setCongestion ignores failures (checkCongestion has vetted
+// the name); checkCongestion throws an Error naming "tcp init", the rank,
+// BRAID_TCP_CONGESTION, the name, why and what the kernel allows.
+void setCongestion(int fd, const std::string& name);
+void checkCongestion(const std::string& name, int rank);
+
 }  // namespace tcp
 }  // namespace transport
 }  // namespace braid
