@@ -654,6 +654,17 @@ def import_torch():
     import torch.distributed as dist
 
 
+def tcp_congestion():
+    """The system's TCP congestion control, and braid's when BRAID_TCP_CONGESTION sets it."""
+    try:
+        with open("/proc/sys/net/ipv4/tcp_congestion_control") as f:
+            system = f.read().strip()
+    except OSError:
+        system = "unknown"
+    braid = os.environ.get("BRAID_TCP_CONGESTION")
+    return f"{system} (braid: {braid})" if braid else system
+
+
 def run_meta(args, info, backends):
     meta = dict(bc.machine_meta(), world_size=info.world_size, hosts=info.hosts, ops=args.ops,
                 dtypes=args.dtypes, sizes=args.sizes,
@@ -668,7 +679,10 @@ def run_meta(args, info, backends):
         if not info.single_host:
             per_host = {h: info.hosts.count(h) for h in dict.fromkeys(info.hosts)}
             cap = f", links capped at {args.link_gbit} Gbit/s" if args.link_gbit else ""
-            print(f"# hosts: {', '.join(f'{h} x{c}' for h, c in per_host.items())}{cap}")
+            # Note [Congestion control] (transport/tcp/socket.cc): it moves these numbers.
+            meta["tcp_congestion"] = tcp_congestion()
+            print(f"# hosts: {', '.join(f'{h} x{c}' for h, c in per_host.items())}{cap}; "
+                  f"TCP congestion control {meta['tcp_congestion']}")
         if any(b.name == "braid" for b in backends):
             meta["braid_info"] = bc.braid_info()
             print(meta["braid_info"])

@@ -43,8 +43,8 @@ namespace tcp {
 // On the store's own host that route can be loopback: Debian and Ubuntu map a
 // machine's own name to 127.0.1.1 in /etc/hosts, and torchrun's c10d
 // rendezvous hands its workers the master's hostname, so the ranks there
-// would listen on 127.0.0.1, which no other host can dial (gloo's
-// "connectFullMesh ... 127.0.1.1" failures). A group that spans hosts (every
+// would listen on 127.0.0.1, which no other host can dial (gloo fails so:
+// "connect [127.0.1.1]:6032: Connection refused"). A group that spans hosts (every
 // TCP group braid makes: the hierarchy's) therefore takes such a loopback
 // route, or no store host at all (a FileStore), as "this host": it listens
 // on the first interface with a usable address that is neither loopback nor
