@@ -342,6 +342,10 @@ def test_benchmark_places_ranks_on_hosts_and_reports_each_backend(tmp_path):
     assert "# hosts: braid-h0 x1, braid-h1 x1, links capped at 5.0 Gbit/s" in p.stdout
     report = json.loads(js.read_text())
     assert report["meta"]["hosts"] == ["braid-h0", "braid-h1"]
+    with open("/proc/sys/net/ipv4/tcp_congestion_control") as f:  # namespaces inherit it
+        system = f.read().strip()
+    assert report["meta"]["tcp_congestion"] == system
+    assert f"; TCP congestion control {system}\n" in p.stdout
     res = {(r["backend"], r["bytes"]): r for r in report["runs"][0]["results"]}
     for size in (4, 65536):
         assert res[("gloo", size)]["status"] == "ok" and res[("gloo", size)]["time_us"] > 0
