@@ -13,6 +13,8 @@
 #include <netinet/in.h>
 #include <netinet/tcp.h>
 #include <sys/socket.h>
+#include <sys/stat.h>
+#include <unistd.h>
 #include <thread>
 
 #include "common/settings.h"
@@ -470,6 +472,44 @@ TEST(TcpOptions, CongestionControlIsSetOnEverySocketAndABadNameFailsInit) {
         << m;
     EXPECT_NE(m.find("(this process may pick: "), std::string::npos) << m;
   }
+}
+
+// BRAID_SECRET_FILE: read with its trailing newline dropped; one that other
+// users can read warns once (ssh refuses such keys; braid only warns).
+TEST(TcpOptions, SecretFileIsReadAndOneOthersCanReadWarnsOnce) {
+  char path[] = "/tmp/braid-secret-XXXXXX";
+  int fd = ::mkstemp(path);
+  ASSERT_GE(fd, 0);
+  ASSERT_EQ(::write(fd, "s3cret-from-a-file\n", 19), 19);
+  ::close(fd);
+  ::unsetenv("BRAID_SECRET");
+  ::setenv("BRAID_SECRET_FILE", path, 1);
+  auto read = [] {
+    ::testing::internal::CaptureStderr();
+    auto o = TcpOptions::fromEnv(0, 2);
+    EXPECT_EQ(o.secret, "s3cret-from-a-file");
+    return ::testing::internal::GetCapturedStderr();
+  };
+  ASSERT_EQ(::chmod(path, 0600), 0);
+  EXPECT_EQ(read(), "");
+  ASSERT_EQ(::chmod(path, 0644), 0);
+  std::string log = read();
+  EXPECT_NE(log.find(std::string("BRAID_SECRET_FILE '") + path + "' has mode 0644: other users "
+                     "can read it"), std::string::npos) << log;
+  EXPECT_NE(log.find("chmod 600"), std::string::npos) << log;
+  EXPECT_EQ(read(), "");  // once per file
+  ASSERT_EQ(::truncate(path, 0), 0);
+  try {
+    TcpOptions::fromEnv(3, 4);
+    ADD_FAILURE() << "no error for an empty secret file";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("tcp init (rank 3): BRAID_SECRET_FILE '"),
+              std::string::npos) << e.what();
+    EXPECT_NE(std::string(e.what()).find("' is empty"), std::string::npos) << e.what();
+  }
+  ::unlink(path);
+  EXPECT_THROW(TcpOptions::fromEnv(0, 2), Error);  // cannot read it
+  ::unsetenv("BRAID_SECRET_FILE");
 }
 
 TEST(TcpOptions, TheSecretIsNeverShownInTheSettingsList) {

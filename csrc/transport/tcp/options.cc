@@ -1,10 +1,16 @@
 #include "transport/tcp/options.h"
 
+#include <sys/stat.h>
+
+#include <cstdio>
 #include <cstdlib>
 #include <fstream>
+#include <mutex>
+#include <set>
 #include <sstream>
 
 #include "common/error.h"
+#include "common/logging.h"
 #include "common/settings.h"
 #include "transport/tcp/socket.h"
 
@@ -48,6 +54,23 @@ BRAID_SETTING_INT(kTimeoutMs, "BRAID_TCP_CONNECT_TIMEOUT_MS", 30000,
 
 namespace {
 
+// A secret that other users of the machine can read authenticates nothing
+// against them (ssh refuses such keys). braid warns rather than refuses: a
+// file shared with a group on purpose is the user's call. Once per file.
+void warnIfOthersCanRead(const std::string& path, int rank) {
+  struct stat st;
+  if (::stat(path.c_str(), &st) != 0 || (st.st_mode & (S_IRWXG | S_IRWXO)) == 0) return;
+  static std::mutex mu;
+  static std::set<std::string> warned;
+  std::lock_guard<std::mutex> lock(mu);
+  if (!warned.insert(path).second) return;
+  char mode[8];
+  std::snprintf(mode, sizeof(mode), "%04o", static_cast<unsigned>(st.st_mode & 07777));
+  BRAID_LOG(kWarn, "tcp", rank) << "BRAID_SECRET_FILE '" << path << "' has mode " << mode
+                                << ": other users can read it and so join or spoof this job; "
+                                   "chmod 600 it";
+}
+
 std::string readSecretFile(const std::string& path, int rank) {
   std::ifstream f(path, std::ios::binary);
   BRAID_ENFORCE(f.good(), "tcp init", rank, "cannot read BRAID_SECRET_FILE '", path, "'");
@@ -56,6 +79,7 @@ std::string readSecretFile(const std::string& path, int rank) {
   std::string s = os.str();
   while (!s.empty() && (s.back() == '\n' || s.back() == '\r')) s.pop_back();
   BRAID_ENFORCE(!s.empty(), "tcp init", rank, "BRAID_SECRET_FILE '", path, "' is empty");
+  warnIfOthersCanRead(path, rank);
   return s;
 }
 
