@@ -26,20 +26,25 @@ std::string addrKey(const std::string& group, int rank) {
 // its address or its sockets until the group's timeout (30 minutes by
 // default): a hang, as its users see it. So it says why in the store: its
 // address key becomes "!" and the reason (peers still reading addresses fail
-// as they read it), and a counter and the reason under the group's keys
-// (peers waiting for their sockets look every 100 ms). Each peer then fails
-// with its own error, quoting the rank's.
+// as they read it), and it counts itself among the group's failures and
+// files its reason under its number (peers waiting for their sockets look
+// every 100 ms, and quote the first). Each peer then fails with its own
+// error, quoting the rank's.
 constexpr auto kFailurePoll = std::chrono::milliseconds(100);
 
 std::string failedKey(const std::string& group) { return "braid/tcp/" + group + "/failed"; }
-std::string whyKey(const std::string& group) { return "braid/tcp/" + group + "/failed-why"; }
+// The reason of the n-th rank to fail (from 1): waiters quote the first, the
+// cause, not a later one that only passes it on.
+std::string whyKey(const std::string& group, int64_t n) {
+  return "braid/tcp/" + group + "/failed-why/" + std::to_string(n);
+}
 
 void sayWhyInTheStore(Store& store, const std::string& group, int rank, const std::string& why) {
   try {
     std::string text = "!" + why;
     store.set(addrKey(group, rank), {text.begin(), text.end()});
-    store.set(whyKey(group), {why.begin(), why.end()});
-    store.add(failedKey(group), 1);
+    const int64_t n = store.add(failedKey(group), 1);
+    store.set(whyKey(group, n), {why.begin(), why.end()});
   } catch (const std::exception&) {
     // The store is gone too: the peers will learn from their own timeouts.
   }
@@ -140,7 +145,7 @@ void TcpTransport::waitConnected(Store& store, Clock::time_point deadline) {
     lock.unlock();
     try {
       if (store.add(failedKey(opt_.groupId), 0) > 0) {
-        auto v = store.get(whyKey(opt_.groupId), std::chrono::seconds(1));
+        auto v = store.get(whyKey(opt_.groupId, 1), std::chrono::seconds(1));
         peerWhy.assign(v.begin(), v.end());
       }
     } catch (const std::exception&) {
