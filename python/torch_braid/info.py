@@ -9,6 +9,24 @@ import torch
 import torch_braid
 
 
+def print_network(out):
+    """What a group across hosts would use from this process (Note [Choosing the interface])."""
+    net = torch_braid._C.network_info()
+    print("Network (groups across hosts):", file=out)
+    ifs = ", ".join(f"{name} {host}" + (" (loopback)" if lo else "")
+                    for name, host, lo in net["interfaces"])
+    print(f"  interfaces      {ifs or 'none'}", file=out)
+    listen = net["listen"]
+    if "error" in listen:
+        print(f"  would listen on nothing: {listen['error']}", file=out)
+    else:
+        print(f"  would listen on {listen['host']} ({listen['how']})", file=out)
+    cc = net["system_congestion"]
+    mine = listen.get("congestion")
+    print(f"  TCP congestion  {mine + ' (BRAID_TCP_CONGESTION)' if mine else cc + ' (the system)'}"
+          f"; allowed: {net['allowed_congestion']}", file=out)
+
+
 def main(out=sys.stdout):
     info = torch_braid.build_info()
     print(f"braid {info['version']}", file=out)
@@ -22,6 +40,8 @@ def main(out=sys.stdout):
     where = info.get("pybind11_include")
     print(f"  pybind11        {info.get('pybind11', '?')}" + (f" ({where})" if where else ""),
           file=out)
+    print("", file=out)
+    print_network(out)
     print("", file=out)
     print("Settings (environment variables):", file=out)
     for s in torch_braid.settings():

@@ -25,6 +25,28 @@ def test_info_runs_and_lists_settings():
     assert "torch" in out and torch.__version__ in out, f"torch version missing:\n{out}"
 
 
+@pytest.mark.parametrize("env,expect", [
+    ({"BRAID_SOCKET_IFNAME": "lo"}, "  would listen on 127.0.0.1 (BRAID_SOCKET_IFNAME='lo')\n"),
+    ({"GLOO_SOCKET_IFNAME": "lo"}, "  would listen on 127.0.0.1 (GLOO_SOCKET_IFNAME='lo')\n"),
+    ({"BRAID_SOCKET_IFNAME": "no-such-if0"}, "  would listen on nothing: braid tcp init (rank 0): "
+                                             "BRAID_SOCKET_IFNAME='no-such-if0' matches no"),
+    ({"BRAID_TCP_CONGESTION": "reno"}, "  TCP congestion  reno (BRAID_TCP_CONGESTION); allowed: "),
+], ids=["braid-ifname", "gloo-ifname", "no-such-interface", "congestion"])
+def test_info_shows_what_a_group_across_hosts_would_use(env, expect):
+    """The network section (Notes [Choosing the interface] and [Congestion control])."""
+    if H.BACKEND != "braid" and importlib.util.find_spec("torch_braid") is None:
+        pytest.skip("torch_braid is not importable (backend under test is not braid)")
+    base = {k: v for k, v in os.environ.items()
+            if k not in ("BRAID_SOCKET_IFNAME", "GLOO_SOCKET_IFNAME", "BRAID_TCP_CONGESTION")}
+    env = dict(base, **env,
+               PYTHONPATH=os.pathsep.join([H.PYTHON_DIR, os.environ.get("PYTHONPATH", "")]))
+    proc = subprocess.run([sys.executable, "-m", "torch_braid.info"], env=env,
+                          capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 0, f"exit code {proc.returncode}:\n{proc.stdout}\n{proc.stderr}"
+    assert "Network (groups across hosts):\n  interfaces      lo 127.0.0.1 (loopback)" in proc.stdout
+    assert expect in proc.stdout, proc.stdout[:2000]
+
+
 def _header_version(include_dir):
     text = open(os.path.join(include_dir, "pybind11", "detail", "common.h")).read()
     parts = [re.search(rf"#define PYBIND11_VERSION_{p} (\S+)", text).group(1)
