@@ -162,8 +162,8 @@ void TcpTransport::waitConnected(Store& store, Clock::time_point deadline) {
   if (!connectError_.empty()) throw PeerLostError(connectError_ + refused);
   if (done) return;
   if (!peerWhy.empty()) {
-    throw PeerLostError(strCat("braid tcp connect (rank ", logRank_, "): a peer could not connect: ",
-                               peerWhy, refused));
+    throw PeerLostError(strCat("braid tcp connect (rank ", logRank_,
+                               "): a peer could not connect: ", peerWhy, refused));
   }
   throw TimeoutError(strCat("braid tcp connect (rank ", rank_, "): timed out after ",
                             opt_.timeout.count(), " ms waiting for every peer's sockets (not "
