@@ -63,6 +63,7 @@ void Request::complete(std::exception_ptr error) {
   // again (one more futex round trip per completion). The Request outlives
   // this call: every completer reaches it through a shared_ptr it holds.
   cv_.notify_all();
+  if (driver_) driver_->completed();
   if (cb && !DeferredCallbacks::queue(cb, error)) cb(error);
 }
 

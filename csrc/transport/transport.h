@@ -69,6 +69,10 @@ class Driver {
   // on the thread that holds the transport's drive (Transport::beginDrive),
   // by moving the transport's bytes itself.
   virtual void drive(Request& r, Clock::time_point deadline) = 0;
+  // One of this transport's requests completed, on the calling thread: a
+  // driver polling on another thread must look at its request again (Note
+  // [A completion wakes the driver] in tcp/transport.h).
+  virtual void completed() {}
 };
 
 // One posted send or receive.

@@ -242,6 +242,54 @@ TEST(TcpTransport, CallbacksRunOnTheProgressThreadWhenThePosterWrites) {
 // A size mismatch: the Transport contract (test_core_transport.cc).
 
 // The decoder alone (the fuzzer, tests/fuzz, drives it with arbitrary bytes).
+// Note [Waiters drive the sockets]: a request that another thread completes
+// wakes the driver's poll. Here the progress thread, kicked out of epoll_wait
+// by beginDrive, still handles the batch it woke with (rank 1's blob) while
+// the driver posts its receive, adopts that receive and matches it with a
+// message that had already arrived; the driver, which tested the request
+// before that completion and then polled, must not sleep until its deadline
+// (nothing else arrives), as it did before the completion woke it.
+TEST(TcpTransport, ADriverWakesWhenAnotherThreadCompletesItsRequest) {
+  auto ts = connectGroup(2, [o = tcpOptions("driven-elsewhere")](int) { return o; });
+  constexpr int kRounds = 200;
+  constexpr size_t kBlob = 256 << 10;
+  std::atomic<int> sent{-1}, taken{-1};
+  std::thread sender([&] {
+    std::vector<uint8_t> blob(kBlob, 7);
+    for (int i = 0; i < kRounds && taken.load() < kRounds; ++i) {
+      uint8_t b = static_cast<uint8_t>(i);
+      auto small = ts[1]->isend(0, 2 * i, &b, 1);
+      auto big = ts[1]->isend(0, 2 * i + 1, blob.data(), blob.size());
+      small->wait(after(kWaitMs));
+      big->wait(after(kWaitMs));
+      sent.store(i);
+      while (taken.load() < i) std::this_thread::yield();  // rank 0 took both
+    }
+  });
+  std::vector<uint8_t> blob(kBlob);
+  int slow = 0;
+  for (int i = 0; i < kRounds && !slow; ++i) {
+    while (sent.load() < i) std::this_thread::yield();
+    transport::DriveScope drive(*ts[0], true);
+    uint8_t in = 0;
+    auto r = ts[0]->irecv(1, 2 * i, &in, 1);
+    const auto t0 = transport::Clock::now();
+    try {
+      r->waitDriven(after(2000));
+      ts[0]->irecv(1, 2 * i + 1, blob.data(), blob.size())->waitDriven(after(2000));
+    } catch (const Error& e) {
+      ADD_FAILURE() << "round " << i << ": " << e.what();
+      slow = 1;
+    }
+    if (transport::Clock::now() - t0 > std::chrono::milliseconds(1000)) slow = 1;
+    EXPECT_EQ(slow, 0) << "round " << i << " took over a second";
+    EXPECT_EQ(in, static_cast<uint8_t>(i));
+    taken.store(slow ? kRounds : i);
+  }
+  taken.store(kRounds);
+  sender.join();
+}
+
 TEST(TcpFrame, RoundTripsAndRejectsEveryBrokenField) {
   using namespace transport::tcp;
   FrameHeader h;

@@ -18,6 +18,7 @@ bool TcpTransport::beginDrive() {
     return false;
   }
   driver_ = std::this_thread::get_id();
+  drivingThread_.store(driver_);  // Note [A completion wakes the driver]
   if (polling_) {
     // Out of epoll_wait before this thread polls: else an event could wake
     // the progress thread, which would then wait for ioMu_ while the driver
@@ -31,7 +32,14 @@ bool TcpTransport::beginDrive() {
 void TcpTransport::endDrive() {
   std::lock_guard<std::mutex> lock(mu_);
   driver_ = std::thread::id();
+  drivingThread_.store(std::thread::id());
   parkCv_.notify_all();
+}
+
+// Note [A completion wakes the driver]
+void TcpTransport::completed() {
+  const std::thread::id d = drivingThread_.load();
+  if (d != std::thread::id() && d != std::this_thread::get_id()) wakeProgress();
 }
 
 uint64_t TcpTransport::drivenBatches() {

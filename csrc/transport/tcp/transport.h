@@ -75,10 +75,26 @@
 // between waits (reducing a segment) moves nothing: only the op's own thread
 // posts on a collective's transport, and its next wait moves what arrived.
 // A thread waiting on any other request of the transport waits as before.
+//
+// Note [A completion wakes the driver]
+// A driver tests its request, then polls. Another thread can complete that
+// request in between without touching a socket the driver polls: the
+// progress thread still handling the batch it woke with when beginDrive
+// kicked it (it adopts the driver's new receive and matches a message that
+// had already arrived), or a poster that took ioMu_ in that gap. The driver
+// then slept in epoll_wait until its deadline: a 3 x 1 allreduce across
+// simulated hosts stalled for its whole 60 s timeout in CI, and
+// TcpTransport.ADriverWakesWhenAnotherThreadCompletesItsRequest stalled in
+// its first rounds. So every completion of a request of a driven transport on
+// a thread other than the driver's writes the wake eventfd, which the driver
+// polls. The completion sets the request done before it reads the driving
+// thread, and beginDrive sets that before the driver tests: either the driver
+// sees the request done, or the completer sees the driver and wakes it.
 #pragma once
 
 #include <sys/epoll.h>
 
+#include <atomic>
 #include <condition_variable>
 #include <list>
 #include <memory>
@@ -118,6 +134,7 @@ class TcpTransport : public Transport, public Driver {
   bool beginDrive() override;
   void endDrive() override;
   void drive(Request& r, Clock::time_point deadline) override;
+  void completed() override;
 
   // connect()'s steps: listen and publish, read the peers' addresses, start
   // the progress thread and (eager) wait for every pair.
@@ -207,6 +224,9 @@ class TcpTransport : public Transport, public Driver {
   // Note [Waiters drive the sockets]: a thread holds the drive; the progress
   // thread is in (or about to enter) epoll_wait.
   std::thread::id driver_;  // none: not driven
+  // driver_, readable without mu_ by every completion (Note [A completion
+  // wakes the driver]).
+  std::atomic<std::thread::id> drivingThread_{};
   bool polling_ = false;
   std::condition_variable parkCv_;
 
