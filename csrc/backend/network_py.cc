@@ -6,24 +6,17 @@
 #include <pybind11/stl.h>
 
 #include <cstdlib>
-#include <fstream>
 
 #include "backend/python_parts.h"
 #include "common/error.h"
 #include "transport/tcp/interfaces.h"
 #include "transport/tcp/options.h"
+#include "transport/tcp/socket.h"
 
 namespace py = pybind11;
 
 namespace braid {
 namespace {
-
-std::string firstLineOf(const char* path) {
-  std::ifstream f(path);
-  std::string line;
-  if (!f || !std::getline(f, line)) return "unknown";
-  return line;
-}
 
 // As a group across hosts would choose it, with MASTER_ADDR as the store's
 // host (a TCPStore's own host wins in a real group).
@@ -69,9 +62,8 @@ BRAID_PY_PART(network, m) {
           // getifaddrs failed: listen's "error" says so too
         }
         d["interfaces"] = ifs;
-        d["system_congestion"] = braid::firstLineOf("/proc/sys/net/ipv4/tcp_congestion_control");
-        d["allowed_congestion"] =
-            braid::firstLineOf("/proc/sys/net/ipv4/tcp_allowed_congestion_control");
+        d["system_congestion"] = braid::transport::tcp::congestionSetting("");
+        d["allowed_congestion"] = braid::transport::tcp::congestionSetting("allowed_");
         d["listen"] = braid::listenChoice();
         return d;
       },

@@ -17,8 +17,7 @@ bool TcpTransport::beginDrive() {
       Progressing::current == this) {
     return false;
   }
-  driver_ = std::this_thread::get_id();
-  drivingThread_.store(driver_);  // Note [A completion wakes the driver]
+  driver_ = std::this_thread::get_id();  // Note [A completion wakes the driver]
   if (polling_) {
     // Out of epoll_wait before this thread polls: else an event could wake
     // the progress thread, which would then wait for ioMu_ while the driver
@@ -32,13 +31,12 @@ bool TcpTransport::beginDrive() {
 void TcpTransport::endDrive() {
   std::lock_guard<std::mutex> lock(mu_);
   driver_ = std::thread::id();
-  drivingThread_.store(std::thread::id());
   parkCv_.notify_all();
 }
 
 // Note [A completion wakes the driver]
 void TcpTransport::completed() {
-  const std::thread::id d = drivingThread_.load();
+  const std::thread::id d = driver_.load();
   if (d != std::thread::id() && d != std::this_thread::get_id()) wakeProgress();
 }
 
@@ -48,12 +46,8 @@ uint64_t TcpTransport::drivenBatches() {
 }
 
 void TcpTransport::drive(Request& r, Clock::time_point deadline) {
-  bool mine;
-  {
-    std::lock_guard<std::mutex> lock(mu_);
-    mine = driver_ == std::this_thread::get_id();
-  }
-  if (!mine) return r.wait(deadline);
+  // No lock: only this thread makes driver_ its own id, or clears it.
+  if (driver_.load() != std::this_thread::get_id()) return r.wait(deadline);
   epoll_event evs[64];
   for (bool first = true;; first = false) {
     // A request already done still gets one poll that does not block: the

@@ -91,25 +91,27 @@ void setNoDelay(int fd) {
 // for the network (bbr copes better with shallow-buffered, lossy paths), so
 // the setting is for the job that knows its fabric. The kernel lets an
 // unprivileged process pick only what tcp_allowed_congestion_control lists.
-void setCongestion(int fd, const std::string& name) {
-  if (name.empty()) return;
-  setsockopt(fd, IPPROTO_TCP, TCP_CONGESTION, name.data(), static_cast<socklen_t>(name.size()));
+bool setCongestion(int fd, const std::string& name) {
+  return name.empty() || setsockopt(fd, IPPROTO_TCP, TCP_CONGESTION, name.data(),
+                                    static_cast<socklen_t>(name.size())) == 0;
+}
+
+std::string congestionSetting(const char* which) {
+  std::ifstream f(std::string("/proc/sys/net/ipv4/tcp_") + which + "congestion_control");
+  std::string line;
+  return f && std::getline(f, line) ? line : "unknown";
 }
 
 void checkCongestion(const std::string& name, int rank) {
   if (name.empty()) return;
   int fd = ::socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
   BRAID_ENFORCE(fd >= 0, "tcp init", rank, "socket: ", std::strerror(errno));
-  const bool ok = setsockopt(fd, IPPROTO_TCP, TCP_CONGESTION, name.data(),
-                             static_cast<socklen_t>(name.size())) == 0;
+  const bool ok = setCongestion(fd, name);
   const int err = errno;
   ::close(fd);
   if (ok) return;
-  std::string allowed = "?";
-  std::ifstream f("/proc/sys/net/ipv4/tcp_allowed_congestion_control");
-  if (f) std::getline(f, allowed);
   BRAID_THROW(Error, "tcp init", rank, "BRAID_TCP_CONGESTION='", name, "': ", std::strerror(err),
-              " (this process may pick: ", allowed, ")");
+              " (this process may pick: ", congestionSetting("allowed_"), ")");
 }
 
 int dialStart(const SockAddr& to, int rank) {

@@ -37,11 +37,15 @@ std::string peerAddress(int fd);
 void setNoDelay(int fd);
 
 // Note [Congestion control]: the socket's congestion control, by name ("" =
-// the system's). setCongestion ignores failures (checkCongestion has vetted
-// the name); checkCongestion throws an Error naming "tcp init", the rank,
+// the system's); false, with errno, when the kernel refuses it (the
+// transport's sockets ignore that: checkCongestion has vetted the name).
+// checkCongestion throws an Error naming "tcp init", the rank,
 // BRAID_TCP_CONGESTION, the name, why and what the kernel allows.
-void setCongestion(int fd, const std::string& name);
+bool setCongestion(int fd, const std::string& name);
 void checkCongestion(const std::string& name, int rank);
+// /proc/sys/net/ipv4/tcp_<which>congestion_control's line ("" = the
+// system's default, "allowed_", "available_"); "unknown" when unreadable.
+std::string congestionSetting(const char* which);
 
 }  // namespace tcp
 }  // namespace transport

@@ -223,10 +223,10 @@ class TcpTransport : public Transport, public Driver {
   std::vector<DeferredCallbacks::Call> deferred_;  // for the progress thread to run
   // Note [Waiters drive the sockets]: a thread holds the drive; the progress
   // thread is in (or about to enter) epoll_wait.
-  std::thread::id driver_;  // none: not driven
-  // driver_, readable without mu_ by every completion (Note [A completion
-  // wakes the driver]).
-  std::atomic<std::thread::id> drivingThread_{};
+  // none: not driven. Written under mu_ (parkCv_ waits on it); read without
+  // it by every completion and every wait (Note [A completion wakes the
+  // driver]).
+  std::atomic<std::thread::id> driver_{};
   bool polling_ = false;
   std::condition_variable parkCv_;
 
