@@ -30,6 +30,13 @@ std::string addrKey(const std::string& group, int rank) {
 // files its reason under its number (peers waiting for their sockets look
 // every 100 ms, and quote the first). Each peer then fails with its own
 // error, quoting the rank's.
+//
+// A peer that fails only because it read such a report files nothing: its
+// own "!" would be a second report of the same cause, and a third rank
+// reading addresses in order could quote it ("rank 0 could not connect:
+// rank 1 could not connect: ...") instead of the rank that failed. Its real
+// address stays published; ranks that read it still find the first report
+// before they dial, or while they wait for their sockets.
 constexpr auto kFailurePoll = std::chrono::milliseconds(100);
 
 std::string failedKey(const std::string& group) { return "braid/tcp/" + group + "/failed"; }
@@ -62,7 +69,9 @@ std::unique_ptr<Transport> connect(Store& store, int rank, int size, const TcpOp
     t->start(store);
   } catch (const std::exception& e) {
     t->close();
-    sayWhyInTheStore(store, options.groupId, rank, e.what());  // Note [A rank that cannot connect]
+    if (!t->failedOnAPeersReport()) {  // Note [A rank that cannot connect]
+      sayWhyInTheStore(store, options.groupId, rank, e.what());
+    }
     throw;
   }
   return t;
@@ -118,6 +127,7 @@ void TcpTransport::start(Store& store) {
     if (p == rank_ || addrs_[p].empty() || addrs_[p][0] != '!') continue;
     const std::string why = addrs_[p].substr(1);
     addrs_.clear();  // peerName must not quote the reason as an address
+    failedOnAPeersReport_ = true;
     BRAID_THROW(PeerLostError, "tcp connect", logRank_, peerName(p),
                 " could not connect: ", why);
   }
@@ -162,6 +172,7 @@ void TcpTransport::waitConnected(Store& store, Clock::time_point deadline) {
   if (!connectError_.empty()) throw PeerLostError(connectError_ + refused);
   if (done) return;
   if (!peerWhy.empty()) {
+    failedOnAPeersReport_ = true;
     throw PeerLostError(strCat("braid tcp connect (rank ", logRank_,
                                "): a peer could not connect: ", peerWhy, refused));
   }

@@ -139,6 +139,9 @@ class TcpTransport : public Transport, public Driver {
   // connect()'s steps: listen and publish, read the peers' addresses, start
   // the progress thread and (eager) wait for every pair.
   void start(Store& store);
+  // start() failed only because a peer's failure is in the store: filing it
+  // again would hide the cause (Note [A rank that cannot connect]).
+  bool failedOnAPeersReport() const { return failedOnAPeersReport_; }
   // Bytes of messages that arrived and wait for a receive: what tests check
   // to see that a protocol leaves no message behind.
   size_t unexpectedBytes();
@@ -220,6 +223,7 @@ class TcpTransport : public Transport, public Driver {
   std::string connectError_;
   std::string notConnected_;  // eager: the peers whose sockets are not all ready yet
   std::vector<std::string> rejections_;  // recent refused connections, for connect errors
+  bool failedOnAPeersReport_ = false;
   std::vector<DeferredCallbacks::Call> deferred_;  // for the progress thread to run
   // Note [Waiters drive the sockets]: a thread holds the drive; the progress
   // thread is in (or about to enter) epoll_wait.
