@@ -241,6 +241,54 @@ TEST(TcpTransport, CallbacksRunOnTheProgressThreadWhenThePosterWrites) {
 
 // A size mismatch: the Transport contract (test_core_transport.cc).
 
+// Note [A driver done leaves early data in the socket]: a driver whose
+// request is done reads no unexpected payload, so the message behind it waits
+// in its socket and lands in place once its receive is posted; when the op
+// ends instead, the progress thread buffers it as before.
+TEST(TcpTransport, ADriverDoneLeavesTheNextMessageInItsSocket) {
+  auto ts = connectGroup(2, [o = tcpOptions("driver-done")](int) { return o; });
+  constexpr size_t kBlob = 1 << 20;
+  for (bool postsIt : {true, false}) {
+    SCOPED_TRACE(postsIt ? "the driver posts its receive" : "the op ends first");
+    const uint64_t tag = postsIt ? 0 : 2;
+    auto out = patterned(1, 0, tag, kBlob);
+    std::vector<uint8_t> in(kBlob, 0xEE);
+    uint8_t small = 0;
+    {
+      transport::DriveScope drive(*ts[0], true);
+      auto r = ts[0]->irecv(1, tag, &small, 1);
+      const uint8_t one = 1;
+      auto s1 = ts[1]->isend(0, tag, &one, 1);
+      auto s2 = ts[1]->isend(0, tag + 1, out.data(), kBlob);
+      r->waitDriven(after(kWaitMs));
+      // The whole blob is in rank 0's sockets by now; nobody else reads them
+      // while rank 0 drives. A drive of a request already done polls once.
+      std::this_thread::sleep_for(std::chrono::milliseconds(100));
+      r->waitDriven(after(kWaitMs));
+      auto* tcp = dynamic_cast<transport::tcp::TcpTransport*>(ts[0].get());
+      ASSERT_NE(tcp, nullptr);
+      EXPECT_EQ(tcp->unexpectedBytes(), 0u) << "the driver buffered the message behind its own";
+      if (postsIt) {
+        ts[0]->irecv(1, tag + 1, in.data(), kBlob)->waitDriven(after(kWaitMs));
+        EXPECT_EQ(tcp->unexpectedBytes(), 0u);
+      }
+      s1->wait(after(kWaitMs));
+      if (postsIt) s2->wait(after(kWaitMs));
+    }
+    if (!postsIt) {
+      auto* tcp = dynamic_cast<transport::tcp::TcpTransport*>(ts[0].get());
+      const auto until = after(kWaitMs);
+      while (tcp->unexpectedBytes() < kBlob && transport::Clock::now() < until) {
+        std::this_thread::sleep_for(std::chrono::milliseconds(1));
+      }
+      EXPECT_EQ(tcp->unexpectedBytes(), kBlob) << "the progress thread did not take it over";
+      ts[0]->irecv(1, tag + 1, in.data(), kBlob)->wait(after(kWaitMs));
+    }
+    EXPECT_EQ(small, 1);
+    EXPECT_TRUE(in == out);
+  }
+}
+
 // The decoder alone (the fuzzer, tests/fuzz, drives it with arbitrary bytes).
 // Note [Waiters drive the sockets]: a request that another thread completes
 // wakes the driver's poll. Here the progress thread, kicked out of epoll_wait

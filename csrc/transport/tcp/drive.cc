@@ -69,7 +69,12 @@ void TcpTransport::drive(Request& r, Clock::time_point deadline) {
       Progressing mark(this);
       if (!pending_.empty()) ms = std::min(ms, 100);
       int n = epoll_wait(epollFd_, evs, 64, ms);
+      // Note [A driver done leaves early data in the socket]
+      shared_.driven = &r;
+      shared_.drivenDone = isDone;
       open = handleBatch(evs, n, /*driver=*/true);
+      shared_.driven = nullptr;
+      shared_.drivenDone = false;
       ++drivenBatches_;
     }
     done.run();

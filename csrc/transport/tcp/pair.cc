@@ -100,6 +100,11 @@ void Pair::match(InMsg& m) {
   unexpected_.push_back(&m);
 }
 
+void Pair::succeed(Request& r) {
+  if (&r == sh_.driven) sh_.drivenDone = true;
+  r.complete(nullptr);
+}
+
 void Pair::release(InMsg& m) {
   if (!m.buffered) return;
   sh_.unexpectedBytes -= m.total;
@@ -130,7 +135,7 @@ void Pair::finish(InMsg& m) {
   if (!m.discard && !m.recv) return;  // unexpected: stays in msgs_
   if (m.recv && !m.discard) {
     if (m.buffered && m.total) std::memcpy(m.recv->data, m.buf.get(), m.total);
-    m.recv->req->complete(nullptr);
+    succeed(*m.recv->req);
   }
   release(m);
   msgs_.erase(m.seq);
@@ -203,7 +208,7 @@ std::string Pair::onWritable(Conn& c) {
     c.busy = false;
     std::shared_ptr<SendOp> s = std::move(c.op);
     s->written += c.payloadLen;
-    if (s->written == s->bytes) s->req->complete(nullptr);
+    if (s->written == s->bytes) succeed(*s->req);
   }
 }
 
@@ -265,6 +270,8 @@ std::string Pair::onReadable(Conn& c) {
     }
     InMsg& m = *c.msg;
     if (!m.recv && !m.discard && !m.buffered && m.total > 0) {
+      // Note [A driver done leaves early data in the socket] (tcp/transport.h)
+      if (sh_.drivenDone) return "";
       if (!c.peerClosing && sh_.unexpectedBytes + m.total > sh_.maxUnexpected) {
         c.stalled = true;  // no receive and no room: wait for either
         sh_.memoryWaiting = true;

@@ -128,6 +128,11 @@ struct PairShared {
   // taken from the buffer) does not wake the progress thread.
   bool memoryWaiting = false;
   bool memoryFreed = false;
+  // The request a driver waits on during its batch, and whether it is done:
+  // then unexpected payloads stay in their sockets (Note [A driver done
+  // leaves early data in the socket] in tcp/transport.h).
+  const Request* driven = nullptr;
+  bool drivenDone = false;
 };
 
 class Pair {
@@ -173,6 +178,8 @@ class Pair {
   void adopt(InMsg& m);
   void finish(InMsg& m);
   void release(InMsg& m);
+  // Completes a request that succeeded, noting whether it is the driver's.
+  void succeed(Request& r);
   std::string sizeMismatch(const RecvOp& r, const InMsg& m) const;
 
   PairShared& sh_;

@@ -90,6 +90,24 @@
 // polls. The completion sets the request done before it reads the driving
 // thread, and beginDrive sets that before the driver tests: either the driver
 // sees the request done, or the completer sees the driver and wakes it.
+//
+// Note [A driver done leaves early data in the socket]
+// A driver's batch reads on past the frame that completes its request: on
+// the same socket the peer's next messages often follow at once (in a
+// two-rank allreduce, the header's wait ends with the peer's first data
+// segments behind it, since the peer checked the headers first). Their
+// receives are not posted yet, so each was buffered: a fresh allocation the
+// size of the message (page faults on every op, the pages zeroed by the
+// kernel), and a second copy once the receive came. Yet the driver is about
+// to return and post those receives. So once its request is done (or it was
+// done before the poll), a driver leaves an unexpected message's payload
+// in the socket: the frame header is read, the socket stays level-triggered
+// readable, and the next poll, after the receive is posted, reads it in
+// place. This cannot block anyone: the driver waits for nothing more in this
+// drive, nobody waits on a message whose receive is not posted, and when the
+// op ends without its next wait the progress thread polls again
+// (endDrive) and buffers it as before. 2 hosts x 1 rank, 64 MiB allreduce:
+// about 935 page faults per op on rank 0 before (perf stat).
 #pragma once
 
 #include <sys/epoll.h>
