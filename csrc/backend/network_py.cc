@@ -30,7 +30,7 @@ py::dict listenChoice() {
     const std::string host = tcp::chooseHost(o.ifname, o.ifnameSyntax, storeHost, true, 0);
     d["host"] = host;
     if (!o.ifname.empty()) {
-      d["how"] = std::string(tcp::ifnameSetting(o.ifnameSyntax)) + "='" + o.ifname + "'";
+      d["how"] = tcp::ifnameChoice(o.ifnameSyntax, o.ifname);
     } else if (storeHost.empty()) {
       d["how"] = "no MASTER_ADDR: the first outward interface";
     } else if (tcp::chooseHost("", o.ifnameSyntax, storeHost, false, 0) != host) {

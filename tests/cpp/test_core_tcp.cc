@@ -247,6 +247,8 @@ TEST(TcpTransport, CallbacksRunOnTheProgressThreadWhenThePosterWrites) {
 // ends instead, the progress thread buffers it as before.
 TEST(TcpTransport, ADriverDoneLeavesTheNextMessageInItsSocket) {
   auto ts = connectGroup(2, [o = tcpOptions("driver-done")](int) { return o; });
+  auto* tcp = dynamic_cast<transport::tcp::TcpTransport*>(ts[0].get());
+  ASSERT_NE(tcp, nullptr);
   constexpr size_t kBlob = 1 << 20;
   for (bool postsIt : {true, false}) {
     SCOPED_TRACE(postsIt ? "the driver posts its receive" : "the op ends first");
@@ -265,8 +267,6 @@ TEST(TcpTransport, ADriverDoneLeavesTheNextMessageInItsSocket) {
       // while rank 0 drives. A drive of a request already done polls once.
       std::this_thread::sleep_for(std::chrono::milliseconds(100));
       r->waitDriven(after(kWaitMs));
-      auto* tcp = dynamic_cast<transport::tcp::TcpTransport*>(ts[0].get());
-      ASSERT_NE(tcp, nullptr);
       EXPECT_EQ(tcp->unexpectedBytes(), 0u) << "the driver buffered the message behind its own";
       if (postsIt) {
         ts[0]->irecv(1, tag + 1, in.data(), kBlob)->waitDriven(after(kWaitMs));
@@ -276,7 +276,6 @@ TEST(TcpTransport, ADriverDoneLeavesTheNextMessageInItsSocket) {
       if (postsIt) s2->wait(after(kWaitMs));
     }
     if (!postsIt) {
-      auto* tcp = dynamic_cast<transport::tcp::TcpTransport*>(ts[0].get());
       const auto until = after(kWaitMs);
       while (tcp->unexpectedBytes() < kBlob && transport::Clock::now() < until) {
         std::this_thread::sleep_for(std::chrono::milliseconds(1));

@@ -137,6 +137,10 @@ const char* ifnameSetting(IfnameSyntax syntax) {
   return syntax == IfnameSyntax::kGloo ? "GLOO_SOCKET_IFNAME" : "BRAID_SOCKET_IFNAME";
 }
 
+std::string ifnameChoice(IfnameSyntax syntax, const std::string& value) {
+  return std::string(ifnameSetting(syntax)) + "='" + value + "'";
+}
+
 std::vector<LocalAddr> localAddrs(int rank) {
   ifaddrs* ifs = nullptr;
   BRAID_ENFORCE(getifaddrs(&ifs) == 0, "tcp init", rank, "getifaddrs: ", std::strerror(errno));
@@ -169,10 +173,10 @@ std::string pickAddress(const std::string& spec, IfnameSyntax syntax,
     rest.erase(0, 1);
   }
   const std::vector<std::string> names = splitNames(rest);
-  const char* setting = ifnameSetting(syntax);
+  const std::string choice = ifnameChoice(syntax, spec);
   for (const auto& n : names) {
-    BRAID_ENFORCE(!n.empty(), "tcp init", rank, setting, "='", spec,
-                  "' has an empty interface name; expected e.g. eth0, eth (any eth*), "
+    BRAID_ENFORCE(!n.empty(), "tcp init", rank, choice,
+                  " has an empty interface name; expected e.g. eth0, eth (any eth*), "
                   "=eth0 (exactly eth0), eth0,ib0 (the first that exists), ^docker,lo (any "
                   "but those)");
   }
@@ -202,7 +206,7 @@ std::string pickAddress(const std::string& spec, IfnameSyntax syntax,
       if (allowed(a)) return addressOf(addrs, a.ifname);
     }
   }
-  BRAID_THROW(Error, "tcp init", rank, setting, "='", spec, "' matches no ",
+  BRAID_THROW(Error, "tcp init", rank, choice, " matches no ",
               exclude ? "allowed non-loopback " : "", "interface with a usable address; ",
               "interfaces with addresses: ", interfaceNames(addrs));
 }

@@ -16,6 +16,9 @@ enum class IfnameSyntax {
   kGloo,   // GLOO_SOCKET_IFNAME: exact names
 };
 const char* ifnameSetting(IfnameSyntax syntax);
+// "BRAID_SOCKET_IFNAME='eth0'": the setting and its value, as logs, errors and
+// torch_braid.info quote them.
+std::string ifnameChoice(IfnameSyntax syntax, const std::string& value);
 
 // One usable address of a local interface: IPv4, or IPv6 other than
 // link-local (which needs a scope id no peer could know).

@@ -135,8 +135,7 @@ void TcpTransport::start(Store& store) {
       << "group " << opt_.groupId << " (rank " << rank_ << " of " << size_ << "): listening on "
       << me << " ("
       << (opt_.ifname.empty() ? std::string("the route to the store's host")
-                              : std::string(ifnameSetting(opt_.ifnameSyntax)) + "='" +
-                                    opt_.ifname + "'")
+                              : ifnameChoice(opt_.ifnameSyntax, opt_.ifname))
       << "), " << opt_.socketsPerPeer << " sockets per peer, "
       << (opt_.connect == ConnectMode::kEager ? "eager" : "lazy");
   thread_ = std::thread([this] { loop(); });
