@@ -73,6 +73,12 @@ void checkAllCollectives(int n, size_t count, const GroupOptions& opts = slots(4
     collectives::allgather(c, desc(OpKind::kAllgather, count), in.data(), outPtrs.data());
     for (int q = 0; q < n; ++q)
       for (size_t i = 0; i < count; ++i) ASSERT_EQ(outs[q][i], val(q, i));
+    // In place: the input is this rank's own block of the output.
+    for (auto& o : outs) std::fill(o.begin(), o.end(), -1.f);
+    outs[r] = in;
+    collectives::allgather(c, desc(OpKind::kAllgather, count), outs[r].data(), outPtrs.data());
+    for (int q = 0; q < n; ++q)
+      for (size_t i = 0; i < count; ++i) ASSERT_EQ(outs[q][i], val(q, i)) << "in place, block " << q;
     collectives::gather(c, desc(OpKind::kGather, count, DataType::kFloat32, n / 2), in.data(),
                         outPtrs.data());
     // scatter from rank n/2: section q holds val(q, i)

@@ -74,10 +74,13 @@ void checkAllreduce(const std::vector<int>& hostOf, const std::vector<size_t>& c
           std::string what = strCat(toString(t), " ", toString(op), " hosts ", layout(hostOf),
                                     " count ", count, " rank ", r);
           auto in = filled(t, op, r, count);
+          const auto given = in;
           std::vector<uint8_t> out(in.size(), 0xee);
           g.allreduce(desc(OpKind::kAllreduce, count, t, 0, op), in.data(), out.data());
           EXPECT_EQ(badReduced(t, op, n, out.data(), count), 0u) << what;
           EXPECT_EQ(out.back(), 0xee) << "wrote past the end: " << what;
+          // Note [The host's sum in place]: out of place, only `out` is written.
+          EXPECT_TRUE(in == given) << "changed the input: " << what;
           g.allreduce(desc(OpKind::kAllreduce, count, t, 0, op), in.data(), in.data());
           EXPECT_EQ(badReduced(t, op, n, in.data(), count), 0u) << "in place " << what;
         }

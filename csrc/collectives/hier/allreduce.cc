@@ -28,13 +28,24 @@ struct HierGroup::Piece {
   std::vector<const void*> ins;
   std::vector<void*> outs;
   std::unique_ptr<uint8_t[]> padIn, padOut;
-  uint8_t* mine = nullptr;  // this rank's section of the host's sum
+  uint8_t* mine = nullptr;  // this rank's section of the host's sum: outs[l]
   size_t valid(int r) const {
     size_t b = std::min(count, r * q);
     return std::min(count, b + q) - b;
   }
 };
 
+// Note [The host's sum in place]
+// Each rank reduces its section of a piece straight into that section's place
+// in `out` (outs[l]; the padded copy for a short section): the TCP stage
+// allreduces it there, and the allgather then only reads the other local
+// ranks' sections, since it copies a rank's own section only from elsewhere.
+// Through a staging buffer, that copy took about 6% of the CPU time of a
+// 64 MiB allreduce on 2 hosts x 2 ranks (perf). No rank reads what another
+// writes meanwhile: in the reduce-scatter a rank writes only its own section
+// while the local peers read theirs from its `in` (the same memory in place,
+// `in` == `out`), and it returns only once they all have; the allgather reads
+// a rank's section only after that rank has entered it, its TCP stage done.
 namespace {
 
 void cut(HierGroup::Piece& p, int L, size_t es, const uint8_t* in, uint8_t* out) {
@@ -86,19 +97,15 @@ void HierGroup::allreduceStages(const OpDesc& op, const void* in, void* out) {
   const size_t numPieces = std::max<size_t>(1, (count + per - 1) / per);
 
   std::vector<Piece> pieces(numPieces);
-  size_t sections = 0;
   for (size_t i = 0; i < numPieces; ++i) {
     Piece& p = pieces[i];
     p.first = i * per;
     p.count = std::min(per, count - p.first);
     p.q = (p.count + L - 1) / L;
-    sections += p.q;
   }
-  if (staging_.size() < sections * es) staging_.resize(sections * es);
-  for (size_t i = 0, at = 0; i < numPieces; ++i) {
-    pieces[i].mine = staging_.data() + at * es;
-    at += pieces[i].q;
-    cut(pieces[i], L, es, static_cast<const uint8_t*>(in), static_cast<uint8_t*>(out));
+  for (Piece& p : pieces) {
+    cut(p, L, es, static_cast<const uint8_t*>(in), static_cast<uint8_t*>(out));
+    p.mine = static_cast<uint8_t*>(p.outs[l]);  // Note [The host's sum in place]
   }
 
   // "braid allreduce (rank 5): op #7, stage 2 of 3 (...): braid allreduce (rank 1): op #3 ..."

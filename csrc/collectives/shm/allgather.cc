@@ -36,6 +36,7 @@ void gatherImpl(Communicator& c, const OpDesc& op, const void* in, void* const* 
     first = false;
     if (collect) {
       for (int r = 0; r < n; ++r) {
+        if (r == me && outs[r] == in) continue;  // already in place (Note [The host's sum in place])
         copyBytes(static_cast<uint8_t*>(outs[r]) + done, c.slot(r, s), len);
       }
     }
