@@ -200,6 +200,21 @@ def test_gloo_and_braid_across_hosts(nhosts, per_host):
 
 
 @pytest.mark.braid_only
+def test_init_method_tcp_across_hosts():
+    """init_method="tcp://host0:port", as multi-node tutorials write it: braid's addresses go
+    through the rendezvous's own store (the default group is braid's; a gloo group beside it
+    trains the same model for comparison). USE_LIBUV=0: Debian's torch 2.x has no libuv."""
+    h = hosts_mod.Hosts(2)
+    outs = run_ranks(h, 4, ["braid,gloo"], env={"HOSTS_INIT": "tcp", "USE_LIBUV": "0"})
+    assert hosts_mod.leftovers(h.prefix) == []
+    for o in outs:
+        assert o["results"] == {"braid": "ok", "gloo": "ok"}, o
+        assert len(o["losses"]["braid"]) == len(o["losses"]["gloo"]) == 5, o["losses"]
+        for got, want in zip(o["losses"]["braid"], o["losses"]["gloo"]):
+            assert abs(got - want) <= 1e-5 * max(1.0, abs(want)), o["losses"]
+
+
+@pytest.mark.braid_only
 @pytest.mark.parametrize("setting,value", [
     ("BRAID_SOCKET_IFNAME", "eth"), ("BRAID_SOCKET_IFNAME", "=eth0"),
     ("BRAID_SOCKET_IFNAME", "wlan,eth0"), ("BRAID_SOCKET_IFNAME", "^lo,docker"),

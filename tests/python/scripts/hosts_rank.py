@@ -4,6 +4,7 @@
 
 Rank 0 hosts a TCPStore on STORE_ADDR (host 0's address); every rank joins the default
 group (the first backend) through it, then a group of each further backend over all ranks.
+With HOSTS_INIT=tcp the default group comes from init_method="tcp://STORE_ADDR:PORT" instead.
 On each group: allreduce, broadcast and allgather, checked against closed forms, then five DDP
 steps whose losses the test compares between backends. Prints one
 JSON line: {"rank", "host", "results": {backend: "ok" | the error}}. A backend whose group
@@ -64,10 +65,14 @@ def main():
         import torch_braid  # noqa: F401
     torch.set_num_threads(1)
     timeout = datetime.timedelta(seconds=60)
-    store = harness.tcp_store(addr, port, n, rank == 0, timeout)
     results = {}
-    dist.init_process_group(backends[0], store=dist.PrefixStore("default", store), rank=rank,
-                            world_size=n, timeout=timeout)
+    if os.environ.get("HOSTS_INIT") == "tcp":  # as multi-node tutorials write it
+        dist.init_process_group(backends[0], init_method=f"tcp://{addr}:{port}", rank=rank,
+                                world_size=n, timeout=timeout)
+    else:
+        store = harness.tcp_store(addr, port, n, rank == 0, timeout)
+        dist.init_process_group(backends[0], store=dist.PrefixStore("default", store), rank=rank,
+                                world_size=n, timeout=timeout)
     groups = {backends[0]: None}
     for be in backends[1:]:
         try:
