@@ -140,9 +140,10 @@ class HierGroup : public Group, private net::HeaderRelay {
   std::unique_ptr<ShmGroup> local_;
   std::once_flag p2pOnce_;
   std::unique_ptr<net::NetP2P> p2p_;
-  // The staged ops' own buffers (the allreduce's sections, the partial sums of
-  // reduce and reduce-scatter), kept between ops: a fresh zeroed buffer cost a
-  // memset and a page fault per 4 KiB of every op (ops run one at a time).
+  // The staged ops' own buffers (the partial sums of reduce and reduce-scatter,
+  // the relay's host sums; the allreduce needs none, Note [The host's sum in
+  // place]), kept between ops: a fresh zeroed buffer cost a memset and a page
+  // fault per 4 KiB of every op (ops run one at a time).
   std::vector<uint8_t> staging_;
   std::vector<uint8_t> relayBuf_;  // the relay's blocks and bundles (hier/relay.cc)
   Rider* rider_ = nullptr;  // a small allreduce or broadcast, during its header exchange
