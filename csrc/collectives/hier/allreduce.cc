@@ -28,7 +28,6 @@ struct HierGroup::Piece {
   std::vector<const void*> ins;
   std::vector<void*> outs;
   std::unique_ptr<uint8_t[]> padIn, padOut;
-  uint8_t* mine = nullptr;  // this rank's section of the host's sum: outs[l]
   size_t valid(int r) const {
     size_t b = std::min(count, r * q);
     return std::min(count, b + q) - b;
@@ -102,11 +101,11 @@ void HierGroup::allreduceStages(const OpDesc& op, const void* in, void* out) {
     p.first = i * per;
     p.count = std::min(per, count - p.first);
     p.q = (p.count + L - 1) / L;
-  }
-  for (Piece& p : pieces) {
     cut(p, L, es, static_cast<const uint8_t*>(in), static_cast<uint8_t*>(out));
-    p.mine = static_cast<uint8_t*>(p.outs[l]);  // Note [The host's sum in place]
   }
+  // This rank's section of piece i of the host's sum: its place in the
+  // output (Note [The host's sum in place]).
+  auto mine = [&](size_t i) { return static_cast<uint8_t*>(pieces[i].outs[l]); };
 
   // "braid allreduce (rank 5): op #7, stage 2 of 3 (...): braid allreduce (rank 1): op #3 ..."
   auto head = [&](int n, size_t i) {
@@ -119,21 +118,21 @@ void HierGroup::allreduceStages(const OpDesc& op, const void* in, void* out) {
   auto scatter = [&](size_t i) {
     Piece& p = pieces[i];
     stage([&] { return head(1, i); }, [&] {
-      local_->reduceScatter(stageOp(op, OpKind::kReduceScatter, red, p.q), p.ins.data(), p.mine);
+      local_->reduceScatter(stageOp(op, OpKind::kReduceScatter, red, p.q), p.ins.data(), mine(i));
     });
   };
   auto across = [&](size_t i) {
-    Piece& p = pieces[i];
-    const size_t v = p.valid(l);
+    const size_t v = pieces[i].valid(l);
+    uint8_t* sum = mine(i);
     stage([&] { return head(2, i); }, [&] {
-      net::allreduce(*cross_, stageOp(op, OpKind::kAllreduce, red, v), p.mine, p.mine);
+      net::allreduce(*cross_, stageOp(op, OpKind::kAllreduce, red, v), sum, sum);
     });
-    if (op.redop == ReduceOp::kAvg && v) reduce::divide(op.dtype, p.mine, p.mine, size(), v);
+    if (op.redop == ReduceOp::kAvg && v) reduce::divide(op.dtype, sum, sum, size(), v);
   };
   auto gather = [&](size_t i) {
     Piece& p = pieces[i];
     stage([&] { return head(3, i); }, [&] {
-      local_->allgather(stageOp(op, OpKind::kAllgather, red, p.q), p.mine, p.outs.data());
+      local_->allgather(stageOp(op, OpKind::kAllgather, red, p.q), mine(i), p.outs.data());
     });
     unpad(p, L, es, static_cast<uint8_t*>(out));
   };
