@@ -180,6 +180,13 @@ def run_ranks(hosts, world, args, script=RANK_SCRIPT, env=None, stderrs=None, st
     return outs
 
 
+def assert_same_losses(o):
+    """DDP trains the same on both: five losses, equal to float32 rounding of the sums."""
+    assert len(o["losses"]["braid"]) == len(o["losses"]["gloo"]) == 5, o["losses"]
+    for got, want in zip(o["losses"]["braid"], o["losses"]["gloo"]):
+        assert abs(got - want) <= 1e-5 * max(1.0, abs(want)), o["losses"]
+
+
 @pytest.mark.parametrize("nhosts,per_host", [(2, 2), (3, 1)], ids=["2x2", "3x1"])
 def test_gloo_and_braid_across_hosts(nhosts, per_host):
     world = nhosts * per_host
@@ -193,10 +200,7 @@ def test_gloo_and_braid_across_hosts(nhosts, per_host):
         if "braid" not in backends:
             continue
         assert o["results"]["braid"] == "ok", o
-        # DDP trains the same on both: the same losses, to float32 rounding of the sums.
-        assert len(o["losses"]["braid"]) == len(o["losses"]["gloo"]) == 5, o["losses"]
-        for got, want in zip(o["losses"]["braid"], o["losses"]["gloo"]):
-            assert abs(got - want) <= 1e-5 * max(1.0, abs(want)), o["losses"]
+        assert_same_losses(o)
 
 
 @pytest.mark.braid_only
@@ -209,9 +213,7 @@ def test_init_method_tcp_across_hosts():
     assert hosts_mod.leftovers(h.prefix) == []
     for o in outs:
         assert o["results"] == {"braid": "ok", "gloo": "ok"}, o
-        assert len(o["losses"]["braid"]) == len(o["losses"]["gloo"]) == 5, o["losses"]
-        for got, want in zip(o["losses"]["braid"], o["losses"]["gloo"]):
-            assert abs(got - want) <= 1e-5 * max(1.0, abs(want)), o["losses"]
+        assert_same_losses(o)
 
 
 @pytest.mark.braid_only
