@@ -1,0 +1,104 @@
+// The device seam: every CUDA runtime call braid makes goes through DeviceApi.
+// Torch-free, so that the executors' ordering logic runs in plain C++ tests.
+//
+// Note [The device seam]
+// braid never links the CUDA runtime. Two implementations stand behind one
+// interface:
+//   - cudaRuntime(): the CUDA runtime that torch already loaded (libcudart.so.N,
+//     found by soname at first use), so that braid and torch share one runtime
+//     and one primary context. Loading torch_braid on a machine without CUDA
+//     touches none of it.
+//   - simulatedDevice(): a CPU stand-in with CUDA's ordering rules. A stream is
+//     a worker thread with a FIFO of tasks; an event is a flag that a task on
+//     the recording stream sets; streamWaitEvent enqueues a task that blocks
+//     until the flag is set; "device memory" is host memory. So an executor
+//     that forgets to order a stream after another reads stale data in a test,
+//     exactly as it would on a GPU. Tests can slow a stream down
+//     (setStreamDelay) to widen such races until they always show.
+// Handles are opaque: a Stream is a cudaStream_t or a simulated stream, an
+// Event a cudaEvent_t or a simulated event; they never cross implementations.
+// Every call throws braid::Error naming the call and the runtime's message.
+#pragma once
+
+#include <chrono>
+#include <cstddef>
+#include <cstdint>
+#include <functional>
+#include <string>
+
+#include "common/types.h"
+
+namespace braid {
+namespace cuda {
+
+using Stream = void*;
+using Event = void*;
+
+class DeviceApi {
+ public:
+  virtual ~DeviceApi() = default;
+
+  // "cuda runtime 13.0 (libcudart.so.13)" or "simulated (N devices)".
+  virtual std::string name() const = 0;
+  virtual bool simulated() const = 0;
+
+  virtual int deviceCount() = 0;
+  virtual int getDevice() = 0;
+  virtual void setDevice(int device) = 0;
+  // A stable identity of the physical device, the same in every process on
+  // the host that sees it (cudaDeviceProp::uuid as 32 hex digits; the
+  // simulated device: "sim-<boot id>-<device>"). Ranks that share a GPU have
+  // equal UUIDs (Note [Choosing a CUDA executor] in backend/cuda_executor.h).
+  virtual std::string deviceUuid(int device) = 0;
+
+  // A stream on `device` that does not synchronize with the legacy default
+  // stream (cudaStreamNonBlocking).
+  virtual Stream streamCreate(int device) = 0;
+  virtual void streamDestroy(Stream s) = 0;
+  virtual void streamSynchronize(Stream s) = 0;
+  // true when all work enqueued so far on `s` has run.
+  virtual bool streamQuery(Stream s) = 0;
+
+  // Events without timing (cudaEventDisableTiming).
+  virtual Event eventCreate(int device) = 0;
+  virtual void eventDestroy(Event e) = 0;
+  virtual void eventRecord(Event e, Stream s) = 0;
+  // Later work on `s` starts after the last record of `e` (as of this call).
+  virtual void streamWaitEvent(Stream s, Event e) = 0;
+  // true when the last record of `e` has completed (or `e` was never recorded).
+  virtual bool eventQuery(Event e) = 0;
+  virtual void eventSynchronize(Event e) = 0;
+
+  // Copies in stream order; either side may be device or pinned host memory
+  // (cudaMemcpyDefault).
+  virtual void memcpyAsync(void* dst, const void* src, size_t bytes, Stream s) = 0;
+
+  // Page-locked host memory (cudaHostAlloc, portable) and device memory.
+  virtual void* hostAlloc(size_t bytes) = 0;
+  virtual void hostFree(void* p) = 0;
+  virtual void* deviceAlloc(int device, size_t bytes) = 0;
+  virtual void deviceFree(void* p) = 0;
+
+  // dst[i] = op(dst[i], src[i]) for i < count, in stream order, with the
+  // CPU path's rules (Note [Reduced-precision accumulation] in
+  // reduce/reduce.h): one kernel from cuda/kernels.cuh.
+  virtual void reduceAsync(DataType type, ReduceOp op, void* dst, const void* src, size_t count,
+                           Stream s) = 0;
+
+  // Testing only (the simulated device; cudaRuntime() throws): every task
+  // enqueued on `s` from now on first sleeps for `delay`.
+  virtual void setStreamDelay(Stream s, std::chrono::microseconds delay) = 0;
+  // Testing only (the simulated device): enqueues `fn` on `s`, to run in
+  // stream order on the stream's thread (a stand-in for a user's kernel).
+  virtual void launchHostFunc(Stream s, std::function<void()> fn) = 0;
+};
+
+// The CUDA runtime torch loaded; throws braid::Error saying why when there is
+// none (no libcudart, no driver, no device).
+DeviceApi& cudaRuntime();
+// The simulated device, with `devices` devices on first call (later calls
+// return the same one).
+DeviceApi& simulatedDevice(int devices = 2);
+
+}  // namespace cuda
+}  // namespace braid
