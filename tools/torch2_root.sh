@@ -19,6 +19,8 @@ root=$base/$suite
 pkgs=python3-torch,libtorch-dev,pybind11-dev,python3-pytest,g++,cmake,make,python3-dev,python3-setuptools,ccache,libgtest-dev,procps,python3-matplotlib,python3-venv,python3-pip,libssl-dev,iproute2
 # torch 2.14's Python headers include <fmt/format.h>; its libtorch-dev does not pull it in.
 [[ $suite == trixie ]] || pkgs+=,libfmt-dev
+# Hugging Face Accelerate (tests/python/test_clients_accelerate.py): Debian ships it from forky on.
+[[ $suite == trixie ]] || pkgs+=,python3-accelerate
 
 if [[ ! -f $root/.braid-ready ]]; then
   command -v debootstrap >/dev/null || {
