@@ -7,6 +7,7 @@
     torchrun --nproc-per-node 4 benchmarks/collectives.py --backends braid,gloo --sizes 4,4K,1M
     ... --env BRAID_X=1K,64K,1M        # repeat the whole run for each value (threshold sweeps)
     ... --nprocs 4 --hosts 2 --link-gbit 1   # ranks on 2 simulated hosts (tools/hosts.py, root)
+    ... --nprocs 4 --device cuda --quick     # CUDA tensors: braid, gloo, nccl (Note [CUDA mode])
 
 The default process group is gloo and serves only as the control group (statuses, iteration
 counts, times). Each backend under test gets its own dist.new_group(backend=...), created after
@@ -51,6 +52,18 @@ dtype, size, backend and rank. barrier is checked by making rank 0 enter late an
 that no rank left before it entered (single host only). An op a backend rejects on its first
 call (e.g. gloo on torch 1.13: bf16, reduce_scatter) is reported as n/a; an op that worked at a
 smaller size and then raises fails the run.
+
+Note [CUDA mode]
+--device cuda times CUDA tensors: backends named without a device run on cuda (auto = braid if it
+imports, gloo, nccl), and rank r uses GPU r % torch.cuda.device_count(), so with one GPU every
+rank shares it. NCCL refuses ranks that share a GPU ("Duplicate GPU detected"; NCCL 2.30 allows it
+with NCCL_MULTI_RANK_GPU_ENABLE=1), so then its group is not made and its cells read
+"n/a (Duplicate GPU)". Times include the device work: each timed block ends with
+torch.cuda.synchronize(). %cpy still compares with the host memcpy (braid's staged executor and
+gloo both run their collective on host copies); the device's own copy rates are printed beside it.
+The run ends with issue 28's targets: at 1 rank braid within 5% of NCCL's time at every point; at
+2 or more ranks sharing a GPU at least 3x gloo's CUDA allreduce at 4 B and 64 MiB. --quick
+(allreduce at 4 B and 64 MiB, shorter points) keeps a run under a minute.
 """
 
 import argparse
@@ -285,7 +298,10 @@ class Runner:
         key = (be.label, op, dt)
         where = f"op={op} dtype={dt} size={res['bytes']} B backend={be.label}"
         if be.group is None:  # its group could not be made (make_group)
-            return dict(res, status="unsupported", error=self.init_failed[be.label])
+            res = dict(res, status="unsupported", error=self.init_failed[be.label])
+            if be.label in self.na_short:
+                res["na_short"] = self.na_short[be.label]
+            return res
         if self.impl.get(key) == "n/a":
             return dict(res, status="unsupported", error=self.errors[key])
         inp, out = bufs.get(be.device, (None, None))
@@ -358,12 +374,14 @@ class Runner:
     def run(self, env, sizes):
         self.impl, self.errors = {}, {}
         timeout = datetime.timedelta(seconds=self.args.timeout)
-        self.init_failed = {}
+        self.init_failed, self.na_short = {}, {}
         for be in self.backends:
             if be.device.startswith("cuda"):
                 torch.cuda.set_device(self.info.local_rank % torch.cuda.device_count())
             self.make_group(be, timeout)
         self.memcpy = bc.measure_memcpy(self.args.memcpy_bytes)
+        self.device_copies = (measure_device_copies(self.args.memcpy_bytes)
+                              if self.args.device == "cuda" else None)
         self.warm_up_groups()
         results = []
         for op in self.args.ops:
@@ -383,13 +401,24 @@ class Runner:
             if be.group is not None:
                 dist.destroy_process_group(be.group)
             be.group = None
-        return {"env": env, "init_failed": self.init_failed, "memcpy_before": self.memcpy, "memcpy_after": self.memcpy_after,
-                "results": results, "accuracy": accuracy}
+        run = {"env": env, "init_failed": self.init_failed, "memcpy_before": self.memcpy, "memcpy_after": self.memcpy_after,
+               "results": results, "accuracy": accuracy}
+        if self.device_copies is not None:
+            run["device_copies"] = self.device_copies
+        return run
 
     def make_group(self, be, timeout):
         """be.group, or None with the reason in self.init_failed (e.g. braid across hosts
         before its TCP transport): the run goes on with the other backends, and the backend's
         every point reads n/a."""
+        shared = nccl_shares_a_gpu(be, self.n)
+        if shared:  # Note [CUDA mode]: every rank decides alike, without making the group
+            be.group = None
+            self.init_failed[be.label] = shared
+            self.na_short[be.label] = "Duplicate GPU"
+            if self.r == 0:
+                print(f"# {be.label}: not measured: {shared}", flush=True)
+            return
         try:
             be.group, st, msg = dist.new_group(backend=be.name, timeout=timeout), 0, ""
         except Exception as e:
@@ -411,13 +440,14 @@ class Runner:
         """Note [Settling], for the first point: a fresh group's first few hundred calls run
         while threads and pages are still being set up (the first 4-byte point measured 17 us,
         the next size 7 us), so each backend makes small allreduces for about 0.3 s first."""
-        x = torch.ones(1)
         for be in self.backends:
-            if be.device != "cpu" or be.group is None:
+            if be.group is None or (be.device != "cpu" and self.args.device != "cuda"):
                 continue
-            t = bc.time_iters(lambda: dist.all_reduce(x, group=be.group), 20, lambda: None)
+            x = torch.ones(1, device=be.device)
+            sync = torch.cuda.synchronize if be.device != "cpu" else (lambda: None)
+            t = bc.time_iters(lambda: dist.all_reduce(x, group=be.group), 20, sync)
             bc.time_iters(lambda: dist.all_reduce(x, group=be.group),
-                          bc.agree_iters(t, 0.3, 1, 100000), lambda: None)
+                          bc.agree_iters(t, 0.3, 1, 100000), sync)
 
     def accuracy(self):
         """Note [Accuracy]: low-precision allreduce SUM against an fp64 reference."""
@@ -531,7 +561,8 @@ def format_table(op, dt, results, backends, n, env):
         for lb in labels:
             r = cells[lb]
             if r["status"] != "ok":
-                row += ["n/a" if r["status"] == "unsupported" else r["status"]]
+                na = f"n/a ({r['na_short']})" if r.get("na_short") else "n/a"
+                row += [na if r["status"] == "unsupported" else r["status"]]
                 row += [""] * (len(per_be) - 1)
                 continue
             row.append(f"{r['time_us']:.1f}" + ("*" if r.get("emulated") else ""))
@@ -577,6 +608,143 @@ def write_plot(path, report):
                   hline=(f"memcpy 1 thread {mc:.1f} GB/s", mc))
 
 
+# ---- CUDA mode (Note [CUDA mode]) ---------------------------------------------------------------
+def cuda_unavailable():
+    """Why --device cuda cannot run here, or None."""
+    try:
+        import torch as t
+    except Exception as e:
+        return f"torch does not import: {e!r}"
+    if t.version.cuda is None:
+        return f"torch {t.__version__} was built without CUDA (torch.version.cuda is None)"
+    if not t.cuda.is_available() or t.cuda.device_count() == 0:
+        return f"torch {t.__version__} (CUDA {t.version.cuda}) sees no CUDA device"
+    return None
+
+
+def cuda_spec(spec):
+    """Backends named without a device run on cuda; 'auto' = braid (if it imports), gloo, nccl."""
+    if spec == "auto":
+        names = ["gloo", "nccl"]
+        try:
+            import torch_braid  # noqa: F401
+            names.insert(0, "braid")
+        except Exception as e:
+            if int(os.environ.get("RANK", "0")) == 0:
+                print(f"# braid not measured: torch_braid did not import: {e!r}", file=sys.stderr)
+    else:
+        names = [x.strip() for x in spec.split(",") if x.strip()]
+    return ",".join(x if "@" in x or x == "nccl" else f"{x}@cuda" for x in names)
+
+
+def nccl_version():
+    try:
+        v = torch.cuda.nccl.version()
+    except Exception:
+        return None
+    return tuple(v) if isinstance(v, (tuple, list)) else (v // 1000, v // 100 % 10, v % 100)
+
+
+def nccl_shares_a_gpu(be, n):
+    """The reason NCCL cannot run these ranks (several on one GPU), or None."""
+    if be.name != "nccl" or not torch.cuda.is_available():
+        return None
+    gpus = torch.cuda.device_count()
+    if n <= gpus:
+        return None
+    v = nccl_version()
+    if os.environ.get("NCCL_MULTI_RANK_GPU_ENABLE") == "1" and v and v >= (2, 30):
+        return None
+    vs = ".".join(map(str, v)) if v else "unknown"
+    return (f"Duplicate GPU: {n} ranks on {gpus} GPU(s), and NCCL {vs} refuses ranks that share "
+            "a GPU (NCCL 2.30+ allows it with NCCL_MULTI_RANK_GPU_ENABLE=1)")
+
+
+def measure_device_copies(nbytes, reps=5):
+    """GB/s (bytes copied once, best of reps) of device-to-device and pinned host<->device
+    copies of nbytes on rank 0 alone, while the other ranks wait."""
+    out = {"bytes": nbytes}
+    bc.control_barrier()
+    if dist.get_rank() == 0:
+        n = max(nbytes // 4, 1)
+        dev = torch.empty(n, device="cuda")
+        dev2 = torch.empty_like(dev)
+        host = torch.empty(n, pin_memory=True)
+        for name, dst, src in (("d2d", dev2, dev), ("d2h_pinned", host, dev),
+                               ("h2d_pinned", dev, host)):
+            dst.copy_(src)
+            torch.cuda.synchronize()
+            best = float("inf")
+            for _ in range(reps):
+                t0 = time.perf_counter()
+                dst.copy_(src, non_blocking=True)
+                torch.cuda.synchronize()
+                best = min(best, time.perf_counter() - t0)
+            out[f"{name}_GBps"] = n * 4 / best / 1e9
+        del dev, dev2, host
+    vals = bc.gather_objects(out)[0]
+    bc.control_barrier()
+    return vals
+
+
+def print_device_copies(d):
+    print(f"# device copies {bc.fmt_size(d['bytes'])}B, rank 0 alone, best of 5: device to "
+          f"device {d['d2d_GBps']:.1f} GB/s, device to pinned host {d['d2h_pinned_GBps']:.1f}, "
+          f"pinned host to device {d['h2d_pinned_GBps']:.1f}")
+
+
+# Issue 28's targets for CUDA tensors: (what, op, sizes or None for every point, other backend,
+# ranks: 1 or "shared", kind, threshold). "time": braid's time / other's at most threshold;
+# "speed": other's time / braid's at least threshold.
+CUDA_TARGETS = [
+    ("1 rank: braid within 5% of NCCL's time", None, None, "nccl", 1, "time", 1.05),
+    ("ranks sharing a GPU: braid at least 3x gloo's CUDA allreduce", "allreduce",
+     (4, 64 << 20), "gloo", "shared", "speed", 3.0),
+]
+
+
+def cuda_targets(results, n, gpus):
+    """[{target, point, value, threshold, met}] for the points this run measured."""
+    shared = n > gpus
+    by = {}
+    for r in results:
+        by.setdefault((r["op"], r["dtype"], r["requested_bytes"]), {})[r["backend_name"]] = r
+    checks = []
+    for what, op, sizes, other, ranks, kind, thr in CUDA_TARGETS:
+        if (ranks == 1) != (n == 1) or (ranks == "shared" and not shared):
+            continue
+        for (o, dt, size), cells in sorted(by.items()):
+            if (op and o != op) or (sizes and size not in sizes):
+                continue
+            a, b = cells.get("braid"), cells.get(other)
+            point = f"{o} {dt if dt != '-' else ''} {bc.fmt_size(size)}B".replace("  ", " ")
+            if not a or not b or a["status"] != "ok" or b["status"] != "ok":
+                why = next((c.get("na_short") or c.get("error", c["status"])
+                            for c in (a, b) if c and c["status"] != "ok"), "not measured")
+                checks.append(dict(target=what, point=point, value=None, threshold=thr,
+                                   met=None, why=str(why)[:120]))
+                continue
+            v = (a["time_us"] / b["time_us"] if kind == "time" else b["time_us"] / a["time_us"])
+            met = v <= thr if kind == "time" else v >= thr
+            checks.append(dict(target=what, point=point, value=v, threshold=thr, met=met,
+                               kind=kind))
+    return checks
+
+
+def print_cuda_targets(checks, n):
+    print(f"\n# Targets (issue 28, CUDA tensors, n={n}):")
+    if not checks:
+        print("  (none applies to this world size and layout)")
+    for c in checks:
+        if c["met"] is None:
+            print(f"  {c['target']}: {c['point']}: n/a ({c['why']})")
+            continue
+        rel, ratio = ("<=", "braid/other time") if c["kind"] == "time" else \
+            (">=", "other/braid time")
+        print(f"  {c['target']}: {c['point']}: {ratio} {c['value']:.2f} (target {rel} "
+              f"{c['threshold']}): {'met' if c['met'] else 'NOT met'}")
+
+
 # ---- entry points --------------------------------------------------------------------------------
 def parse_args(argv=None):
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
@@ -594,7 +762,13 @@ def parse_args(argv=None):
                         "device); auto = braid if importable, gloo, nccl if CUDA")
     p.add_argument("--import", dest="imports", action="append", default=[],
                    help="module to import first (registers a third-party backend)")
-    p.add_argument("--ops", default=",".join(OPS))
+    p.add_argument("--device", choices=("cpu", "cuda"), default="cpu",
+                   help="where the tensors live (Note [CUDA mode]); backends named without "
+                        "@DEVICE use it")
+    p.add_argument("--quick", action="store_true",
+                   help="a short run: allreduce at 4 B and 64 MiB, 3 rounds of 0.1 s per point, "
+                        "no accuracy check (options given explicitly win)")
+    p.add_argument("--ops", default=None, help=f"comma list (default: all: {','.join(OPS)})")
     p.add_argument("--dtypes", default="fp32")
     p.add_argument("--min-bytes", default="4")
     p.add_argument("--max-bytes", default="256M")
@@ -603,20 +777,22 @@ def parse_args(argv=None):
     p.add_argument("--warmup", type=int, default=3, help="warm-up calls per point")
     p.add_argument("--min-iters", type=int, default=5, help="timed calls per point, all rounds")
     p.add_argument("--max-iters", type=int, default=100000)
-    p.add_argument("--time-per-point", type=float, default=0.2,
-                   help="seconds of timed calls per point and backend, over all rounds")
-    p.add_argument("--settle-ms", type=float, default=50,
-                   help="untimed calls before each timed block, in ms (Note [Settling])")
+    p.add_argument("--time-per-point", type=float, default=None,
+                   help="seconds of timed calls per point and backend, over all rounds (0.2; "
+                        "--quick: 0.1)")
+    p.add_argument("--settle-ms", type=float, default=None,
+                   help="untimed calls before each timed block, in ms (Note [Settling]; 50, "
+                        "--quick: 20)")
     p.add_argument("--rounds", type=int, default=3,
                    help="timed blocks per point and backend, alternating backends (Note [Rounds])")
     p.add_argument("--threads", type=int, default=1, help="torch.set_num_threads in each rank")
     p.add_argument("--timeout", type=float, default=300, help="process group timeout, seconds")
-    p.add_argument("--memcpy-bytes", default="256M")
+    p.add_argument("--memcpy-bytes", default=None, help="256M (--quick: 64M)")
     p.add_argument("--env", action="append", default=[], metavar="KEY=V1,V2",
                    help="repeat the run for each value (repeatable: all combinations)")
     p.add_argument("--no-emulate", action="store_true",
                    help="report reduce_scatter as n/a instead of all_reduce+copy where missing")
-    p.add_argument("--no-accuracy", dest="accuracy", action="store_false",
+    p.add_argument("--no-accuracy", dest="accuracy", action="store_false", default=None,
                    help="skip the bf16/fp16 allreduce accuracy check (Note [Accuracy])")
     p.add_argument("--json", default=None)
     p.add_argument("--plot", default=None)
@@ -625,6 +801,14 @@ def parse_args(argv=None):
                    help="testing only: corrupt one output element of OP on its first call, "
                         "to show that the run then fails")
     args = p.parse_args(argv)
+    quick = {"ops": "allreduce",
+             "sizes": "4,64M" if (args.min_bytes, args.max_bytes) == ("4", "256M") else None, "time_per_point": 0.1, "settle_ms": 20,
+             "memcpy_bytes": "64M", "accuracy": False}
+    normal = {"ops": ",".join(OPS), "sizes": None, "time_per_point": 0.2, "settle_ms": 50,
+              "memcpy_bytes": "256M", "accuracy": True}
+    for k, v in (quick if args.quick else normal).items():
+        if getattr(args, k) is None:
+            setattr(args, k, v)
     if (args.hosts or args.link_gbit) and not (args.nprocs and args.hosts):
         p.error("--hosts needs --nprocs, and --link-gbit needs --hosts")
     args.ops = [o.strip() for o in args.ops.split(",") if o.strip()]
@@ -716,7 +900,17 @@ def worker(args):
     info = bc.init_worker(timeout_s=args.timeout, threads=args.threads)
     progress = bc.Progress(0, enabled=False)
     try:
-        backends = bc.resolve_backends(args.backends, args.imports)
+        if args.device == "cuda":
+            why = cuda_unavailable()
+            if why:
+                raise bc.BenchFailure(f"--device cuda: {why}")
+            backends = bc.resolve_backends(cuda_spec(args.backends), args.imports)
+            labels = [b.label.replace("@cuda", "") for b in backends]
+            for b, lb in zip(backends, labels):
+                if labels.count(lb) == 1:
+                    b.label = lb
+        else:
+            backends = bc.resolve_backends(args.backends, args.imports)
         points = sum(len(args.dtypes) * len(args.sizes) if op != "barrier" else 1
                      for op in args.ops) * len(backends) * len(args.env_combos)
         progress = bc.Progress(points, enabled=info.rank == 0 and not args.no_progress)
@@ -727,6 +921,13 @@ def worker(args):
                 runs.append(runner.run(env, args.sizes))
             if info.rank == 0:
                 print_memcpy(runs[-1]["memcpy_before"], runs[-1]["memcpy_after"])
+                if runs[-1].get("device_copies"):
+                    print_device_copies(runs[-1]["device_copies"])
+            if args.device == "cuda":
+                runs[-1]["targets"] = cuda_targets(runs[-1]["results"], info.world_size,
+                                                   torch.cuda.device_count())
+                if info.rank == 0:
+                    print_cuda_targets(runs[-1]["targets"], info.world_size)
         progress.clear()
         if info.rank == 0:
             save(args, {"schema": "braid-bench-collectives/1", "meta": meta, "runs": runs})
@@ -740,6 +941,11 @@ def worker(args):
 
 def main(argv=None):
     args = parse_args(argv)
+    if args.device == "cuda" and not bc.is_worker():
+        why = cuda_unavailable()  # before spawning ranks that would all fail
+        if why:
+            print(f"bench: --device cuda: {why}", file=sys.stderr)
+            return 2
     rc = bc.launch_if_requested(args.nprocs, args.store, hosts=args.hosts,
                                 link_gbit=args.link_gbit)
     if rc is not None:
