@@ -6,6 +6,7 @@ torch_braid.hooks communication hook, side by side in the same processes.
     /usr/bin/python3 benchmarks/ddp.py --ranks 1,2,4 --models mlp,cnn,transformer \
         --bucket-mb 5,25 --steps 10 --rounds 3 --json results/ddp.json
     torchrun --nproc-per-node 2 benchmarks/ddp.py --models mlp      (one world size)
+    /usr/bin/python3 benchmarks/ddp.py --device cuda --quick      # MLP on CUDA, 4 ranks, 1 GPU
 
 Rows (per model, bucket cap and world size):
   ddp/<backend>            torch.nn.parallel.DistributedDataParallel on that group
@@ -29,6 +30,13 @@ rows without a hook are computed from the parameter bytes (every gradient is all
 Ratios: braid/gloo = ddp/braid over ddp/gloo; vs base = a hook row over the same backend's
 no-hook row, reducer over ddp/braid; eff = steps/s at n ranks over steps/s at 1 rank (same
 per-rank batch: ideal 1.0). Targets (2 ranks, MLP) are checked at the end.
+
+--device cuda: the model, its inputs and the gradients live on GPU local_rank % device_count (with
+one GPU every rank shares it), DDP gets device_ids, and each timed block ends with
+torch.cuda.synchronize(). Backends: braid and gloo (gloo's CUDA path stages through the host), and
+nccl where no two ranks share a GPU (NCCL refuses that layout). No hook and no reducer rows unless
+asked for (--hooks; the reducer is CPU only). The target (issue 28): 4 ranks on one GPU, MLP, DDP
+on braid at least 2x DDP on gloo in steps/s. --quick: mlp, 4 ranks, 2 rounds of 5 steps.
 """
 
 import argparse
@@ -54,6 +62,12 @@ HOOKS = ("allreduce", "fp16", "bf16", "powersgd", "int8")
 # PyTorch's own Python hooks (torch.distributed.algorithms.ddp_comm_hooks), for reference.
 TORCH_HOOKS = ("torch_allreduce", "torch_fp16", "torch_bf16", "torch_powersgd")
 PART_ENV = "BENCH_DDP_PART"  # where a child world writes its results (ranks sweep)
+CUDA_TARGETS = [
+    # (label, row, base row, ratio kind, threshold): checked on mlp at the largest world size
+    # whose ranks share a GPU
+    ("DDP on CUDA, ranks sharing a GPU: PyTorch DDP on braid vs on gloo (steps/s)",
+     "ddp/braid", "ddp/gloo", "speed", 2.0),
+]
 TARGETS = [
     # (label, row, base row, ratio kind, threshold): checked on mlp at 2 ranks
     ("MLP batch 1: PyTorch DDP on braid vs on gloo (steps/s)", "ddp/braid", "ddp/gloo",
@@ -131,9 +145,14 @@ def run_row(row, model_name, bucket_mb, args, reducer_cls):
     """steps/s of one row (slowest rank), its wire bytes per step and whether replicas agree."""
     module, x, y = make_model(model_name, args)
     group = row.backend.group
+    kw = {}
+    if args.device == "cuda":
+        dev = torch.device("cuda", torch.cuda.current_device())
+        module, x, y = module.to(dev), x.to(dev), y.to(dev)
+        kw["device_ids"] = [dev.index]
     if row.kind == "ddp":
         net = torch.nn.parallel.DistributedDataParallel(module, process_group=group,
-                                                        bucket_cap_mb=bucket_mb)
+                                                        bucket_cap_mb=bucket_mb, **kw)
     else:
         net = reducer_cls(module, process_group=group, bucket_cap_mb=bucket_mb)
     state = counter = None
@@ -149,14 +168,17 @@ def run_row(row, model_name, bucket_mb, args, reducer_cls):
         loss_fn(net(x), y).backward()
         opt.step()
 
+    sync = torch.cuda.synchronize if args.device == "cuda" else (lambda: None)
     for _ in range(args.warmup):
         step()
+    sync()
     if counter is not None:
         counter.reset_counters()
     bc.control_barrier()
     t0 = time.perf_counter()
     for _ in range(args.steps):
         step()
+    sync()
     elapsed = max(bc.gather_floats(time.perf_counter() - t0))
     n = dist.get_world_size(group)
     if counter is not None:
@@ -190,7 +212,7 @@ def rows_for(backends, args, reducer_cls):
                 continue
             rows.append(Row("ddp", b, h))
     braid = next((b for b in backends if b.name == "braid"), None)
-    if reducer_cls is not None and braid is not None:
+    if reducer_cls is not None and braid is not None and args.device != "cuda":
         rows.append(Row("reducer", braid))
         rows += [Row("reducer", braid, h) for h in args.reducer_hooks]
     return rows
@@ -204,7 +226,14 @@ def worker(args):
 
     torch, dist = _torch, _dist
     try:
-        backends = bc.resolve_backends(args.backends, devices=("cpu",))
+        if args.device == "cuda":
+            torch.cuda.set_device(info.local_rank % torch.cuda.device_count())
+            backends = bc.resolve_backends(cuda_spec(args.backends, info.world_size),
+                                           devices=("cuda",))
+            for b in backends:
+                b.label = b.name
+        else:
+            backends = bc.resolve_backends(args.backends, devices=("cpu",))
     except bc.BenchFailure as e:
         if info.rank == 0:
             print(f"bench: {e}", file=sys.stderr)
@@ -212,10 +241,12 @@ def worker(args):
     for b in backends:
         b.group = dist.new_group(backend=b.name)
     reducer_cls, why = None, ""
+    if args.device == "cuda":
+        why = "--device cuda: braid's reducer takes CPU modules"
     try:
         from torch_braid.ddp import DistributedDataParallel as reducer_cls  # noqa: N813
     except Exception as e:  # written by another part of the project; may be absent
-        why = repr(e)
+        why = why or repr(e)
     if args.hooks:
         import torch_braid.hooks  # noqa: F401  fails loudly: hooks were asked for
     rows = rows_for(backends, args, reducer_cls)
@@ -245,8 +276,12 @@ def worker(args):
                                                         if None not in d["wire"] else None)})
     progress.clear()
     if info.rank == 0:
+        meta = bc.machine_meta()
+        if args.device == "cuda":
+            meta.update(device="cuda", cuda_devices=torch.cuda.device_count(),
+                        gpu=torch.cuda.get_device_name())
         part = {"ranks": info.world_size, "results": results, "reducer_missing": why,
-                "meta": bc.machine_meta()}
+                "meta": meta}
         out = os.environ.get(PART_ENV)
         if out:
             with open(out, "w") as f:
@@ -289,14 +324,21 @@ def report(parts, args):
     notes = ["base: the same backend's ddp row for a hook, ddp/braid for the reducer",
              "eff: steps/s over the 1-rank steps/s of the same row (weak scaling, ideal 1.0)"]
     missing = next((p["reducer_missing"] for p in parts if p["reducer_missing"]), "")
-    if missing:
+    if missing.startswith("--device"):
+        notes.append(f"reducer rows skipped: {missing}")
+    elif missing:
         notes.append(f"reducer rows skipped: torch_braid.ddp did not import ({missing})")
     print(bc.render_table("DDP training steps/s (median over rounds)", head, rows, notes))
 
     checks = []
-    for label, row, base_row, kind, threshold in TARGETS:
-        r = by.get(("mlp", args.target_bucket_mb, 2, row))
-        b = by.get(("mlp", args.target_bucket_mb, 2, base_row))
+    targets, at = TARGETS, 2
+    if args.device == "cuda":
+        gpus = parts[0]["meta"].get("cuda_devices", 1) if parts else 1
+        shared = [n for n in args.ranks if n > gpus]
+        targets, at = CUDA_TARGETS, max(shared) if shared else None
+    for label, row, base_row, kind, threshold in targets:
+        r = by.get(("mlp", args.target_bucket_mb, at, row))
+        b = by.get(("mlp", args.target_bucket_mb, at, base_row))
         if r is None or b is None:
             checks.append({"target": label, "value": None, "threshold": threshold,
                            "met": None})
@@ -308,7 +350,8 @@ def report(parts, args):
             v = r["wire_bytes_per_step"] / b["wire_bytes_per_step"]
             met = v <= threshold
         checks.append({"target": label, "value": v, "threshold": threshold, "met": met})
-    print(f"\nTargets (mlp, 2 ranks, bucket {args.target_bucket_mb} MB):")
+    where = "CUDA, " if args.device == "cuda" else ""
+    print(f"\nTargets ({where}mlp, {at} ranks, bucket {args.target_bucket_mb} MB):")
     for c in checks:
         state = "n/a (not measured)" if c["met"] is None else ("met" if c["met"] else "NOT met")
         value = "" if c["value"] is None else f"{c['value']:.3f} vs {c['threshold']}: "
@@ -325,20 +368,24 @@ def report(parts, args):
 def parse_args(argv=None):
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--ranks", default="2",
-                   help="world sizes to run, one job each (e.g. 1,2,4); ignored under torchrun")
+    p.add_argument("--ranks", default=None,
+                   help="world sizes to run, one job each (e.g. 1,2,4); ignored under torchrun "
+                        "(default 2; --device cuda --quick: 4)")
+    p.add_argument("--device", choices=("cpu", "cuda"), default="cpu",
+                   help="where the model and gradients live (cuda: GPU local_rank %% count)")
     p.add_argument("--store", choices=("file", "tcp"), default="file")
     p.add_argument("--backends", default="auto",
                    help="comma list, e.g. braid,gloo; auto = braid if importable, and gloo")
     p.add_argument("--models", default="mlp,cnn,transformer")
     p.add_argument("--bucket-mb", default="25", help="DDP bucket_cap_mb values, e.g. 1,5,25")
-    p.add_argument("--hooks", default=",".join(HOOKS),
-                   help="hooks to time ('' for none); also torch_allreduce, torch_fp16, "
+    p.add_argument("--hooks", default=None,
+                   help="hooks to time ('' for none; default: all of braid's, none with "
+                        "--device cuda); also torch_allreduce, torch_fp16, "
                         "torch_bf16, torch_powersgd: PyTorch's Python hooks, for reference")
     p.add_argument("--hook-backend", default="braid",
                    help="backend the hook rows use (the first backend if it is absent)")
-    p.add_argument("--reducer-hooks", default="bf16",
-                   help="hooks also timed on braid's reducer ('' for none)")
+    p.add_argument("--reducer-hooks", default=None,
+                   help="hooks also timed on braid's reducer ('' for none; default bf16)")
     p.add_argument("--powersgd-rank", type=int, default=4)
     p.add_argument("--steps", type=int, default=10)
     p.add_argument("--warmup", type=int, default=3)
@@ -357,8 +404,17 @@ def parse_args(argv=None):
                    help="mlp only, 2 ranks, 1 round of 5 steps: a smoke run under 2 minutes")
     p.add_argument("--quiet", action="store_true")
     args = p.parse_args(argv)
-    if args.quick:
+    cuda = args.device == "cuda"
+    if args.hooks is None:
+        args.hooks = "" if cuda else ",".join(HOOKS)
+    if args.reducer_hooks is None:
+        args.reducer_hooks = "" if cuda else "bf16"
+    if args.quick and cuda:
+        args.models, args.rounds, args.steps = "mlp", 2, 5
+        args.ranks = args.ranks or "4"
+    elif args.quick:
         args.models, args.ranks, args.rounds, args.steps = "mlp", "2", 1, 5
+    args.ranks = args.ranks or "2"
     args.models = [m for m in args.models.split(",") if m]
     for m in args.models:
         if m not in MODELS:
@@ -377,8 +433,45 @@ def parse_args(argv=None):
     return args
 
 
+def cuda_unavailable():
+    """Why --device cuda cannot run here, or None."""
+    import torch as t
+
+    if t.version.cuda is None:
+        return f"torch {t.__version__} was built without CUDA (torch.version.cuda is None)"
+    if not t.cuda.is_available() or t.cuda.device_count() == 0:
+        return f"torch {t.__version__} (CUDA {t.version.cuda}) sees no CUDA device"
+    return None
+
+
+def cuda_spec(spec, world):
+    """Backends on cuda; auto = braid (if it imports), gloo, and nccl where no two ranks share a
+    GPU (NCCL refuses that: "Duplicate GPU detected")."""
+    if spec != "auto":
+        return ",".join(x if "@" in x or x == "nccl" else f"{x}@cuda"
+                        for x in (y.strip() for y in spec.split(",")) if x)
+    names = ["gloo@cuda"]
+    try:
+        import torch_braid  # noqa: F401
+        names.insert(0, "braid@cuda")
+    except Exception as e:
+        if dist.get_rank() == 0:
+            print(f"# braid not measured: torch_braid did not import: {e!r}", file=sys.stderr)
+    if world <= torch.cuda.device_count():
+        names.append("nccl")
+    elif dist.get_rank() == 0:
+        print(f"# nccl not measured: n/a (Duplicate GPU): {world} ranks on "
+              f"{torch.cuda.device_count()} GPU(s)", file=sys.stderr)
+    return ",".join(names)
+
+
 def main(argv=None):
     args = parse_args(argv)
+    if args.device == "cuda":
+        why = cuda_unavailable()
+        if why:
+            print(f"bench: --device cuda: {why}", file=sys.stderr)
+            return 2
     if bc.is_worker():  # torchrun, or a child of ours
         bc.end_rank(bc.run_rank(worker, args))  # Note [Bounded teardown]
     parts = []
