@@ -49,8 +49,16 @@ BRAID_BUILD_DIR="$build/pip" BRAID_BUILD_TESTS=OFF CCACHE_DIR="${CCACHE_DIR:-$re
   "$venv/bin/python" -m pip install -q --no-build-isolation --no-deps --no-index "$repo" >&2
 (cd "$build" && "$venv/bin/python" -m torch_braid.info | grep -E "^braid|torch  |pybind11") >&2
 
-echo "=== torch $torch_version: Python tests ($tier tier)" >&2
 export PYTHONPATH="$repo/python${PYTHONPATH:+:$PYTHONPATH}"
+# The GPU machine's check script in its no-GPU mode (about 30 s), so that it does not rot
+# between GPU runs: syntax, the test globs, gpu_smoke.py on the CPU path, the benchmarks' CUDA
+# message. On the host only: tools/torch2_root.sh mounts the repository at /braid.
+if [[ $repo != /braid ]]; then
+  echo "=== torch $torch_version: tools/gpu_check.sh without a GPU" >&2
+  BRAID_PYTHON=$PY BRAID_GPU_CHECK_MODE=nogpu "$repo/tools/gpu_check.sh" "$build/gpu-check" >&2
+fi
+
+echo "=== torch $torch_version: Python tests ($tier tier)" >&2
 marker=(-m "not slow")
 [[ $tier == all ]] && marker=()
 $PY -m pytest tests/python -q -p no:cacheprovider "${marker[@]}" ${BRAID_PYTEST_ARGS:-}
