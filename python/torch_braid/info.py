@@ -25,6 +25,13 @@ def print_network(out):
     mine = listen.get("congestion")
     print(f"  TCP congestion  {mine + ' (BRAID_TCP_CONGESTION)' if mine else cc + ' (the system)'}"
           f"; allowed: {net['allowed_congestion']}", file=out)
+    # Note [libcrypto at run time] (csrc/transport/tcp/auth.h): loaded, not linked.
+    crypto = torch_braid._C.crypto_info()
+    if crypto["loaded"]:
+        print(f"  libcrypto       {crypto['path']} ({crypto['version'] or 'version unknown'}; "
+              f"{crypto['how']})", file=out)
+    else:
+        print(f"  libcrypto       none: TCP groups will fail: {crypto['error']}", file=out)
 
 
 def main(out=sys.stdout):

@@ -14,8 +14,9 @@
 //                                 group | dialer | acceptor | index | nonce_d | nonce_a)
 //   dialer -> acceptor  RESPONSE  mac_d = HMAC(secret, "dialer" | same fields)
 //   acceptor -> dialer  VERDICT   ok, or why it refused
-// HMAC-SHA256 from OpenSSL's libcrypto; nonces are 32 bytes from RAND_bytes;
-// MACs are compared with CRYPTO_memcmp (constant time). So:
+// HMAC-SHA256 from OpenSSL's libcrypto, loaded at run time (Note [libcrypto
+// at run time]); nonces are 32 bytes from RAND_bytes; MACs are compared with
+// CRYPTO_memcmp (constant time). So:
 // - each side proves it knows the secret without sending it;
 // - both nonces are fresh, so a recorded exchange replays nowhere: a replayed
 //   RESPONSE does not match the acceptor's new nonce_a, a replayed CHALLENGE
@@ -48,6 +49,45 @@ namespace tcp {
 constexpr size_t kNonceBytes = 32;
 constexpr size_t kMacBytes = 32;
 
+// Note [libcrypto at run time]
+// braid uses four functions of OpenSSL's libcrypto: HMAC (the one-shot form),
+// EVP_sha256, RAND_bytes and CRYPTO_memcmp. It loads the library with dlopen
+// on first use instead of linking it, and declares their signatures itself
+// (auth.cc), so building braid needs no OpenSSL headers (libssl-dev) and
+// libbraid and torch_braid._C do not depend on libcrypto: a machine with
+// pip's torch usually has the runtime (Python's ssl module uses it) but not
+// the headers. The four have kept their ABI from OpenSSL 1.1.0 to 3.x (HMAC
+// has taken the data's length as size_t since 1.1.0; EVP_MD is opaque here).
+// Which copy: one already in the process first (dlopen with RTLD_NOLOAD;
+// Python's ssl module loads it), so that the process holds one libcrypto;
+// else libcrypto.so.3, else libcrypto.so.1.1; BRAID_LIBCRYPTO names a file to
+// load instead. It is loaded once per process, by the first TCP group:
+// groups within one host never need it.
+//
+// Without it, a TCP group fails at init with an error that names what is
+// missing and why (dlerror), secret or not: the handshake's MAC binds group,
+// ranks and socket even without a secret, and a job that set a secret must
+// never run unauthenticated because a library is missing. There is no
+// unauthenticated fallback to switch off, so BRAID_REQUIRE_AUTH=1 needs no
+// rule of its own here. `python -m torch_braid.info` shows which file was
+// loaded, or why none was.
+struct CryptoInfo {
+  bool loaded = false;
+  std::string path;     // the file loaded, as the dynamic loader names it
+  std::string version;  // OpenSSL_version(OPENSSL_VERSION), when it has one
+  std::string how;      // "already loaded in the process", "dlopen", "BRAID_LIBCRYPTO"
+  std::string error;    // why it could not be loaded (empty when loaded)
+};
+// Loads libcrypto on the first call; later calls return the same answer.
+CryptoInfo cryptoInfo();
+// Throws braid::Error (op "tcp init") naming what is missing when libcrypto
+// cannot be loaded. The TCP transport calls it before it listens.
+void requireCrypto(int rank);
+
+// HMAC-SHA256 of `data` under `key` (an empty key is allowed).
+void hmacSha256(const void* key, size_t keyLen, const uint8_t* data, size_t n,
+                uint8_t out[kMacBytes]);
+
 // Fresh random bytes (RAND_bytes); throws braid::Error when the generator fails.
 void randomNonce(uint8_t* out, int rank);
 
@@ -66,6 +106,13 @@ bool macEqual(const uint8_t* a, const uint8_t* b);
 
 // Logs, once per process, that TCP connections are not authenticated.
 void warnUnauthenticatedOnce(int rank);
+
+namespace testing {
+// Forgets the loaded library, so that the next use loads again (reading
+// BRAID_LIBCRYPTO again): tests of the load and of its failure. Not for use
+// while a TCP group runs.
+void reloadCryptoForTesting();
+}  // namespace testing
 
 }  // namespace tcp
 }  // namespace transport

@@ -95,6 +95,8 @@ TcpTransport::TcpTransport(int rank, int size, const TcpOptions& options)
 TcpTransport::~TcpTransport() { close(); }
 
 void TcpTransport::start(Store& store) {
+  // Before listening, and inside connect()'s report: peers quote what is missing.
+  requireCrypto(logRank_);  // Note [libcrypto at run time]
   const auto deadline = Clock::now() + opt_.timeout;
   SockAddr bound;
   const std::string host = chooseHost(opt_.ifname, opt_.ifnameSyntax, opt_.storeHost,
