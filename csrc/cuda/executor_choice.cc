@@ -1,0 +1,96 @@
+#include "cuda/executor_choice.h"
+
+#include <map>
+
+#include "common/error.h"
+#include "common/settings.h"
+
+namespace braid {
+namespace cuda {
+namespace {
+
+BRAID_SETTING_STRING(kCudaExecutor, "BRAID_CUDA_EXECUTOR", "auto",
+                     "How a group runs CUDA tensors: auto (NCCL when every rank has its own GPU "
+                     "and the same NCCL, else staged through host memory), nccl (NCCL or an "
+                     "error saying why not) or staged. Equal on every rank.");
+
+bool validSetting(const std::string& s) { return s == "auto" || s == "nccl" || s == "staged"; }
+
+std::string versionText(int v) {
+  if (v == 0) return "none";
+  return strCat(v / 10000, ".", (v / 100) % 100, ".", v % 100);
+}
+
+}  // namespace
+
+const char* toString(CudaExecutorKind k) { return k == CudaExecutorKind::kNccl ? "nccl" : "staged"; }
+
+std::string CudaRankInfo::encode() const { return strCat(setting, ";", ncclVersion, ";", uuid); }
+
+CudaRankInfo CudaRankInfo::decode(const std::string& s, int rank) {
+  const size_t a = s.find(';');
+  const size_t b = a == std::string::npos ? a : s.find(';', a + 1);
+  BRAID_ENFORCE(b != std::string::npos, "init", rank, "malformed CUDA device info '", s, "'");
+  CudaRankInfo info;
+  info.setting = s.substr(0, a);
+  try {
+    info.ncclVersion = std::stoi(s.substr(a + 1, b - a - 1));
+  } catch (const std::exception&) {
+    BRAID_THROW(Error, "init", rank, "malformed NCCL version in CUDA device info '", s, "'");
+  }
+  info.uuid = s.substr(b + 1);
+  return info;
+}
+
+std::string cudaExecutorSetting(int rank) {
+  std::string v = kCudaExecutor.get();
+  BRAID_ENFORCE(validSetting(v), "init", rank, "BRAID_CUDA_EXECUTOR='", v,
+                "' is not one of auto, nccl, staged");
+  return v;
+}
+
+CudaExecutorChoice chooseCudaExecutor(const std::vector<CudaRankInfo>& ranks, int rank) {
+  BRAID_ENFORCE(!ranks.empty(), "init", rank, "no ranks to choose a CUDA executor for");
+  const std::string& setting = ranks[0].setting;
+  for (size_t r = 0; r < ranks.size(); ++r) {
+    BRAID_ENFORCE(validSetting(ranks[r].setting), "init", rank, "rank ", r,
+                  " runs with BRAID_CUDA_EXECUTOR='", ranks[r].setting,
+                  "', not one of auto, nccl, staged");
+    BRAID_ENFORCE(ranks[r].setting == setting, "init", rank,
+                  "the ranks must agree on BRAID_CUDA_EXECUTOR: rank 0 runs with '", setting,
+                  "', rank ", r, " with '", ranks[r].setting, "'");
+  }
+  if (setting == "staged") {
+    return {CudaExecutorKind::kStaged, "BRAID_CUDA_EXECUTOR=staged"};
+  }
+  // Why NCCL cannot run, or "".
+  std::string why;
+  std::map<std::string, size_t> firstWith;
+  for (size_t r = 0; r < ranks.size() && why.empty(); ++r) {
+    auto it = firstWith.emplace(ranks[r].uuid, r).first;
+    if (it->second != r) {
+      why = strCat("ranks ", it->second, " and ", r, " share GPU ", ranks[r].uuid,
+                   ", and NCCL refuses a communicator with a GPU twice (\"Duplicate GPU "
+                   "detected\")");
+    }
+  }
+  for (size_t r = 0; r < ranks.size() && why.empty(); ++r) {
+    if (ranks[r].ncclVersion == 0) {
+      why = strCat("rank ", r, " cannot load NCCL (libnccl.so.2)");
+    } else if (ranks[r].ncclVersion != ranks[0].ncclVersion) {
+      why = strCat("rank 0 loads NCCL ", versionText(ranks[0].ncclVersion), " and rank ", r,
+                   " NCCL ", versionText(ranks[r].ncclVersion),
+                   ", and NCCL refuses mismatched versions in one communicator");
+    }
+  }
+  if (why.empty()) {
+    return {CudaExecutorKind::kNccl,
+            strCat("every rank has its own GPU and NCCL ", versionText(ranks[0].ncclVersion))};
+  }
+  BRAID_ENFORCE(setting != "nccl", "init", rank, "BRAID_CUDA_EXECUTOR=nccl, but ", why,
+                "; use auto or staged");
+  return {CudaExecutorKind::kStaged, why};
+}
+
+}  // namespace cuda
+}  // namespace braid
