@@ -1,0 +1,163 @@
+// The executor choice (Note [Choosing a CUDA executor]) and how braid's
+// dtypes and reduce ops map to NCCL's (Note [NCCL types and ops]).
+#include <gtest/gtest.h>
+
+#include <cstdlib>
+#include <cstring>
+
+#include "common/error.h"
+#include "cuda/executor_choice.h"
+#include "cuda/nccl_api.h"
+#include "reduce/half.h"
+
+namespace braid {
+namespace cuda {
+namespace {
+
+CudaRankInfo info(const char* uuid, int nccl = 22809, const char* setting = "auto") {
+  CudaRankInfo i;
+  i.setting = setting;
+  i.ncclVersion = nccl;
+  i.uuid = uuid;
+  return i;
+}
+
+std::string errorOf(const std::vector<CudaRankInfo>& ranks) {
+  try {
+    chooseCudaExecutor(ranks, 1);
+  } catch (const Error& e) {
+    return e.what();
+  }
+  return "no error";
+}
+
+bool contains(const std::string& s, const std::string& part) {
+  return s.find(part) != std::string::npos;
+}
+
+TEST(CudaExecutorChoice, DistinctGpusRunNccl) {
+  auto c = chooseCudaExecutor({info("GPU-a"), info("GPU-b"), info("GPU-c")}, 0);
+  EXPECT_EQ(c.kind, CudaExecutorKind::kNccl);
+  EXPECT_TRUE(contains(c.reason, "NCCL 2.28.9")) << c.reason;
+  EXPECT_EQ(chooseCudaExecutor({info("GPU-a")}, 0).kind, CudaExecutorKind::kNccl);
+}
+
+TEST(CudaExecutorChoice, SharedGpuIsStaged) {
+  auto c = chooseCudaExecutor({info("GPU-a"), info("GPU-b"), info("GPU-a")}, 0);
+  EXPECT_EQ(c.kind, CudaExecutorKind::kStaged);
+  EXPECT_TRUE(contains(c.reason, "ranks 0 and 2 share GPU GPU-a")) << c.reason;
+  EXPECT_TRUE(contains(c.reason, "Duplicate GPU detected")) << c.reason;
+}
+
+TEST(CudaExecutorChoice, NoNcclOrMismatchedVersionsIsStaged) {
+  auto c = chooseCudaExecutor({info("a"), info("b", 0)}, 0);
+  EXPECT_EQ(c.kind, CudaExecutorKind::kStaged);
+  EXPECT_TRUE(contains(c.reason, "rank 1 cannot load NCCL")) << c.reason;
+  c = chooseCudaExecutor({info("a"), info("b", 22703)}, 0);
+  EXPECT_EQ(c.kind, CudaExecutorKind::kStaged);
+  EXPECT_TRUE(contains(c.reason, "NCCL 2.28.9 and rank 1 NCCL 2.27.3")) << c.reason;
+}
+
+TEST(CudaExecutorChoice, SettingOverrides) {
+  EXPECT_EQ(chooseCudaExecutor({info("a", 22809, "staged"), info("b", 22809, "staged")}, 0).kind,
+            CudaExecutorKind::kStaged);
+  EXPECT_EQ(chooseCudaExecutor({info("a", 22809, "nccl"), info("b", 22809, "nccl")}, 0).kind,
+            CudaExecutorKind::kNccl);
+  // "nccl" where it cannot run is an error saying why, not a fallback.
+  std::string e = errorOf({info("a", 22809, "nccl"), info("a", 22809, "nccl")});
+  EXPECT_TRUE(contains(e, "init (rank 1)")) << e;
+  EXPECT_TRUE(contains(e, "BRAID_CUDA_EXECUTOR=nccl, but ranks 0 and 1 share GPU a")) << e;
+}
+
+TEST(CudaExecutorChoice, RanksMustAgreeOnTheSetting) {
+  std::string e = errorOf({info("a"), info("b", 22809, "staged")});
+  EXPECT_TRUE(contains(e, "rank 0 runs with 'auto', rank 1 with 'staged'")) << e;
+  e = errorOf({info("a", 22809, "fast")});
+  EXPECT_TRUE(contains(e, "'fast', not one of auto, nccl, staged")) << e;
+}
+
+TEST(CudaExecutorChoice, InfoRoundTripsThroughTheStore) {
+  CudaRankInfo i = info("GPU-12;34", 22809, "nccl");  // a ';' in the uuid survives
+  CudaRankInfo j = CudaRankInfo::decode(i.encode(), 3);
+  EXPECT_EQ(j.setting, "nccl");
+  EXPECT_EQ(j.ncclVersion, 22809);
+  EXPECT_EQ(j.uuid, "GPU-12;34");
+  EXPECT_THROW(CudaRankInfo::decode("auto", 3), Error);
+  EXPECT_THROW(CudaRankInfo::decode("auto;x;u", 3), Error);
+}
+
+TEST(CudaExecutorChoice, SettingFromTheEnvironment) {
+  unsetenv("BRAID_CUDA_EXECUTOR");
+  EXPECT_EQ(cudaExecutorSetting(0), "auto");
+  setenv("BRAID_CUDA_EXECUTOR", "staged", 1);
+  EXPECT_EQ(cudaExecutorSetting(0), "staged");
+  setenv("BRAID_CUDA_EXECUTOR", "gpu", 1);
+  EXPECT_THROW(cudaExecutorSetting(0), Error);
+  unsetenv("BRAID_CUDA_EXECUTOR");
+}
+
+TEST(NcclTypes, MoveOpsTakeEveryDtype) {
+  auto b = ncclBytesTypeFor(DataType::kInt16, 10);
+  EXPECT_EQ(b.type, kNcclInt8);
+  EXPECT_EQ(b.count, 20u);
+  b = ncclBytesTypeFor(DataType::kBool, 10);
+  EXPECT_EQ(b.type, kNcclUint8);
+  EXPECT_EQ(b.count, 10u);
+  EXPECT_EQ(ncclBytesTypeFor(DataType::kBFloat16, 3).type, kNcclBfloat16);
+  EXPECT_EQ(ncclBytesTypeFor(DataType::kFloat16, 3).type, kNcclFloat16);
+  EXPECT_EQ(ncclBytesTypeFor(DataType::kInt64, 3).type, kNcclInt64);
+}
+
+TEST(NcclTypes, Reductions) {
+  auto r = ncclReductionFor(DataType::kFloat32, ReduceOp::kAvg, 5, "allreduce", 0);
+  EXPECT_EQ(r.type, kNcclFloat32);
+  EXPECT_EQ(r.op, kNcclAvg);
+  EXPECT_FALSE(r.premulSum);
+  r = ncclReductionFor(DataType::kBFloat16, ReduceOp::kPremulSum, 5, "allreduce", 0);
+  EXPECT_TRUE(r.premulSum);
+  r = ncclReductionFor(DataType::kBool, ReduceOp::kSum, 5, "allreduce", 0);
+  EXPECT_EQ(r.type, kNcclUint8);
+  EXPECT_EQ(r.op, kNcclMax);
+  r = ncclReductionFor(DataType::kBool, ReduceOp::kBand, 5, "allreduce", 0);
+  EXPECT_EQ(r.op, kNcclMin);
+  EXPECT_EQ(ncclReductionFor(DataType::kInt64, ReduceOp::kAvg, 5, "x", 0).op, kNcclAvg);
+  // What NCCL cannot run, for every dtype.
+  int supported = 0;
+  for (int t = 0; t < kNumDataTypes; ++t) {
+    for (int o = 0; o < kNumReduceOps; ++o) supported += ncclSupports(DataType(t), ReduceOp(o));
+  }
+  // floats: 6 ops each; 4 integer types: 5; bool: 6; int16: none
+  EXPECT_EQ(supported, 4 * 6 + 4 * 5 + 6);
+  try {
+    ncclReductionFor(DataType::kInt16, ReduceOp::kMax, 5, "reduce_scatter", 2);
+    FAIL();
+  } catch (const Error& e) {
+    EXPECT_TRUE(contains(e.what(), "braid reduce_scatter (rank 2): reduce op MAX on int16"))
+        << e.what();
+  }
+}
+
+TEST(NcclTypes, PremulScalars) {
+  unsigned char buf[8];
+  ncclScalarOf(DataType::kFloat16, 0.25, buf);
+  uint16_t h;
+  std::memcpy(&h, buf, 2);
+  EXPECT_EQ(reduce::halfToFloat(h), 0.25f);
+  ncclScalarOf(DataType::kBFloat16, 0.5, buf);
+  std::memcpy(&h, buf, 2);
+  EXPECT_EQ(reduce::bf16ToFloat(h), 0.5f);
+  ncclScalarOf(DataType::kFloat64, 0.1, buf);
+  double d;
+  std::memcpy(&d, buf, 8);
+  EXPECT_EQ(d, 0.1);
+  EXPECT_THROW(ncclScalarOf(DataType::kInt32, 1.0, buf), Error);
+}
+
+TEST(NcclTypes, ResultNames) {
+  EXPECT_STREQ(ncclResultName(kNcclRemoteError), "ncclRemoteError");
+  EXPECT_STREQ(ncclResultName(kNcclInProgress), "ncclInProgress");
+}
+
+}  // namespace
+}  // namespace cuda
+}  // namespace braid
