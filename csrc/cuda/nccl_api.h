@@ -9,7 +9,9 @@
 //   2. the copy already in the process (RTLD_NOLOAD by soname): the one torch
 //      loaded, so that braid and torch share one NCCL (one set of globals,
 //      one NCCL_* environment parse, one version);
-//   3. libnccl.so.2 on the loader's search path.
+//   3. libnccl.so.2 on the loader's search path, then in $CUDA_HOME/lib64 and
+//      /usr/local/cuda/lib64 (a C++ program without torch, on a machine
+//      whose toolkit is not in ld.so.conf).
 // Then it resolves every function below by name; a missing one (an NCCL
 // older than 2.14, which has no ncclCommInitRankConfig) is an Error naming
 // the library, its path, its version and the symbol. Loading torch_braid on a

@@ -2,6 +2,7 @@
 // in nccl_api.h).
 #include <dlfcn.h>
 
+#include <cstdlib>
 #include <mutex>
 #include <string>
 
@@ -15,7 +16,7 @@ namespace {
 
 BRAID_SETTING_STRING(kNcclLibrary, "BRAID_NCCL_LIBRARY", "",
                      "Path of the libnccl.so.2 to load for CUDA tensors; empty: the copy torch "
-                     "loaded, else libnccl.so.2 from the loader's search path.");
+                     "loaded, else libnccl.so.2 from the loader's search path or the CUDA toolkit.");
 
 // ncclConfig_t as NCCL 2.28 lays it out (ncclConfig_v22800). NCCL copies
 // min(size, its own sizeof) bytes and reads fields by the version they came
@@ -192,9 +193,20 @@ NcclApi* load() {
     how = "loaded by braid";
   } else {
     const char* e = dlerror();
-    throw Error(strCat("braid nccl: cannot load libnccl.so.2 (", e ? e : "dlopen failed",
-                       "); torch did not load one either. Install NCCL or set "
-                       "BRAID_NCCL_LIBRARY to the path of libnccl.so.2"));
+    const std::string first = e ? e : "dlopen failed";
+    // The toolkit's copy, which the loader does not search by default.
+    const char* home = std::getenv("CUDA_HOME");
+    for (std::string dir : {std::string(home ? home : ""), std::string("/usr/local/cuda")}) {
+      if (dir.empty() || h) continue;
+      h = dlopen((dir + "/lib64/libnccl.so.2").c_str(), RTLD_NOW | RTLD_LOCAL);
+    }
+    if (!h) {
+      throw Error(strCat("braid nccl: cannot load libnccl.so.2 (", first,
+                         "; nor from $CUDA_HOME/lib64 or /usr/local/cuda/lib64), and torch did "
+                         "not load one. Install NCCL or set BRAID_NCCL_LIBRARY to the path of "
+                         "libnccl.so.2"));
+    }
+    how = "loaded by braid from the CUDA toolkit";
   }
   Fns f{};
   std::string lib = "libnccl.so.2";
