@@ -23,7 +23,9 @@ std::string versionText(int v) {
 
 }  // namespace
 
-const char* toString(CudaExecutorKind k) { return k == CudaExecutorKind::kNccl ? "nccl" : "staged"; }
+const char* toString(CudaExecutorKind k) {
+  return k == CudaExecutorKind::kNccl ? "nccl" : "staged";
+}
 
 std::string CudaRankInfo::encode() const { return strCat(setting, ";", ncclVersion, ";", uuid); }
 

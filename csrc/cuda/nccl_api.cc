@@ -10,14 +10,22 @@ namespace cuda {
 
 const char* ncclResultName(NcclResult r) {
   switch (r) {
-    case kNcclSuccess: return "ncclSuccess";
-    case kNcclUnhandledCudaError: return "ncclUnhandledCudaError";
-    case kNcclSystemError: return "ncclSystemError";
-    case kNcclInternalError: return "ncclInternalError";
-    case kNcclInvalidArgument: return "ncclInvalidArgument";
-    case kNcclInvalidUsage: return "ncclInvalidUsage";
-    case kNcclRemoteError: return "ncclRemoteError";
-    case kNcclInProgress: return "ncclInProgress";
+    case kNcclSuccess:
+      return "ncclSuccess";
+    case kNcclUnhandledCudaError:
+      return "ncclUnhandledCudaError";
+    case kNcclSystemError:
+      return "ncclSystemError";
+    case kNcclInternalError:
+      return "ncclInternalError";
+    case kNcclInvalidArgument:
+      return "ncclInvalidArgument";
+    case kNcclInvalidUsage:
+      return "ncclInvalidUsage";
+    case kNcclRemoteError:
+      return "ncclRemoteError";
+    case kNcclInProgress:
+      return "ncclInProgress";
   }
   return "ncclResult (unknown value)";
 }
@@ -45,16 +53,35 @@ namespace {
 
 bool nativeType(DataType t, NcclDataType* out) {
   switch (t) {
-    case DataType::kFloat32: *out = kNcclFloat32; return true;
-    case DataType::kFloat64: *out = kNcclFloat64; return true;
-    case DataType::kFloat16: *out = kNcclFloat16; return true;
-    case DataType::kBFloat16: *out = kNcclBfloat16; return true;
-    case DataType::kInt8: *out = kNcclInt8; return true;
-    case DataType::kUInt8: *out = kNcclUint8; return true;
-    case DataType::kInt32: *out = kNcclInt32; return true;
-    case DataType::kInt64: *out = kNcclInt64; return true;
-    case DataType::kBool: *out = kNcclUint8; return true;
-    case DataType::kInt16: return false;
+    case DataType::kFloat32:
+      *out = kNcclFloat32;
+      return true;
+    case DataType::kFloat64:
+      *out = kNcclFloat64;
+      return true;
+    case DataType::kFloat16:
+      *out = kNcclFloat16;
+      return true;
+    case DataType::kBFloat16:
+      *out = kNcclBfloat16;
+      return true;
+    case DataType::kInt8:
+      *out = kNcclInt8;
+      return true;
+    case DataType::kUInt8:
+      *out = kNcclUint8;
+      return true;
+    case DataType::kInt32:
+      *out = kNcclInt32;
+      return true;
+    case DataType::kInt64:
+      *out = kNcclInt64;
+      return true;
+    case DataType::kBool:
+      *out = kNcclUint8;
+      return true;
+    case DataType::kInt16:
+      return false;
   }
   return false;
 }
@@ -82,11 +109,16 @@ NcclRedOp reductionOp(DataType type, ReduceOp op, bool* premul, const char** why
     }
   }
   switch (op) {
-    case ReduceOp::kSum: return kNcclSum;
-    case ReduceOp::kProduct: return kNcclProd;
-    case ReduceOp::kMin: return kNcclMin;
-    case ReduceOp::kMax: return kNcclMax;
-    case ReduceOp::kAvg: return kNcclAvg;
+    case ReduceOp::kSum:
+      return kNcclSum;
+    case ReduceOp::kProduct:
+      return kNcclProd;
+    case ReduceOp::kMin:
+      return kNcclMin;
+    case ReduceOp::kMax:
+      return kNcclMax;
+    case ReduceOp::kAvg:
+      return kNcclAvg;
     case ReduceOp::kPremulSum:
       if (!isFloating(type)) {
         *why = "PREMUL_SUM needs a float type";
@@ -123,14 +155,16 @@ NcclTypeOp ncclReductionFor(DataType type, ReduceOp op, size_t count, const char
   NcclTypeOp r{kNcclInt8, count, kNcclSum, false};
   const char* why = "";
   r.op = reductionOp(type, op, &r.premulSum, &why);
-  BRAID_ENFORCE(r.op >= 0 && nativeType(type, &r.type), opName, rank, "reduce op ",
-                toString(op), " on ", toString(type), " cannot run on NCCL: ", why);
+  BRAID_ENFORCE(r.op >= 0 && nativeType(type, &r.type), opName, rank, "reduce op ", toString(op),
+                " on ", toString(type), " cannot run on NCCL: ", why);
   return r;
 }
 
 void ncclScalarOf(DataType type, double factor, void* out) {
   switch (type) {
-    case DataType::kFloat64: std::memcpy(out, &factor, 8); return;
+    case DataType::kFloat64:
+      std::memcpy(out, &factor, 8);
+      return;
     case DataType::kFloat32: {
       float f = static_cast<float>(factor);
       std::memcpy(out, &f, 4);

@@ -126,8 +126,8 @@ class NcclApi {
   virtual NcclResult reduceScatter(const void* send, void* recv, size_t recvCount,
                                    NcclDataType type, NcclRedOp op, NcclComm comm,
                                    Stream stream) = 0;
-  virtual NcclResult send(const void* buf, size_t count, NcclDataType type, int peer,
-                          NcclComm comm, Stream stream) = 0;
+  virtual NcclResult send(const void* buf, size_t count, NcclDataType type, int peer, NcclComm comm,
+                          Stream stream) = 0;
   virtual NcclResult recv(void* buf, size_t count, NcclDataType type, int peer, NcclComm comm,
                           Stream stream) = 0;
 
@@ -148,16 +148,15 @@ NcclApi& ncclLibrary();
 // and accept every DataType.
 struct NcclTypeOp {
   NcclDataType type;
-  size_t count;         // elements of `type`: the caller's count, or its bytes
-  NcclRedOp op;         // for reductions
-  bool premulSum;       // op must be made with redOpCreatePreMulSum(factor)
+  size_t count;    // elements of `type`: the caller's count, or its bytes
+  NcclRedOp op;    // for reductions
+  bool premulSum;  // op must be made with redOpCreatePreMulSum(factor)
 };
 // For an op that moves data only.
 NcclTypeOp ncclBytesTypeFor(DataType type, size_t count);
 // For a reduction. Throws braid::Error naming `opName`, `rank`, the dtype and
 // the reduce op when NCCL cannot run the pair.
-NcclTypeOp ncclReductionFor(DataType type, ReduceOp op, size_t count, const char* opName,
-                            int rank);
+NcclTypeOp ncclReductionFor(DataType type, ReduceOp op, size_t count, const char* opName, int rank);
 // Whether ncclReductionFor accepts the pair.
 bool ncclSupports(DataType type, ReduceOp op);
 // `factor` as one value of `type` (a float type) into `out` (8 bytes at

@@ -15,13 +15,20 @@ namespace cuda {
 
 const char* ncclOpName(NcclOpKind k) {
   switch (k) {
-    case NcclOpKind::kAllreduce: return "allreduce";
-    case NcclOpKind::kBroadcast: return "broadcast";
-    case NcclOpKind::kReduce: return "reduce";
-    case NcclOpKind::kAllgather: return "allgather";
-    case NcclOpKind::kReduceScatter: return "reduce_scatter";
-    case NcclOpKind::kSend: return "send";
-    case NcclOpKind::kRecv: return "recv";
+    case NcclOpKind::kAllreduce:
+      return "allreduce";
+    case NcclOpKind::kBroadcast:
+      return "broadcast";
+    case NcclOpKind::kReduce:
+      return "reduce";
+    case NcclOpKind::kAllgather:
+      return "allgather";
+    case NcclOpKind::kReduceScatter:
+      return "reduce_scatter";
+    case NcclOpKind::kSend:
+      return "send";
+    case NcclOpKind::kRecv:
+      return "recv";
   }
   return "?";
 }
@@ -47,8 +54,7 @@ class DeviceGuard {
 };
 
 bool isReduction(NcclOpKind k) {
-  return k == NcclOpKind::kAllreduce || k == NcclOpKind::kReduce ||
-         k == NcclOpKind::kReduceScatter;
+  return k == NcclOpKind::kAllreduce || k == NcclOpKind::kReduce || k == NcclOpKind::kReduceScatter;
 }
 
 void checkOp(const NcclOp& op, int rank, int size) {
@@ -57,13 +63,13 @@ void checkOp(const NcclOp& op, int rank, int size) {
   const bool rooted = op.kind == NcclOpKind::kBroadcast || op.kind == NcclOpKind::kReduce;
   const bool p2p = op.kind == NcclOpKind::kSend || op.kind == NcclOpKind::kRecv;
   if (rooted || p2p) {
-    BRAID_ENFORCE(op.root >= 0 && op.root < size, name, rank, rooted ? "root " : "peer ",
-                  op.root, " is not a rank of a group of ", size);
+    BRAID_ENFORCE(op.root >= 0 && op.root < size, name, rank, rooted ? "root " : "peer ", op.root,
+                  " is not a rank of a group of ", size);
   }
   if (op.count > 0) {
     const bool needIn = op.kind != NcclOpKind::kRecv && op.kind != NcclOpKind::kBroadcast;
-    const bool needOut = op.kind != NcclOpKind::kSend &&
-                         !(op.kind == NcclOpKind::kReduce && rank != op.root);
+    const bool needOut =
+        op.kind != NcclOpKind::kSend && !(op.kind == NcclOpKind::kReduce && rank != op.root);
     BRAID_ENFORCE(!needIn || op.in, name, rank, "null input for ", op.count, " elements");
     BRAID_ENFORCE(!needOut || op.out, name, rank, "null output for ", op.count, " elements");
     BRAID_ENFORCE(op.kind != NcclOpKind::kBroadcast || op.out || (rank == op.root && op.in), name,
@@ -164,9 +170,8 @@ DeviceComm ensureComm(NcclExecutorState& s, int device, const char* name) {
     n = static_cast<int>(s.comms.size());
   }
   const std::string key = strCat(s.opt.storePrefix, "nccl/", n, "/uid");
-  const std::string what =
-      errorText(name, rank, "making the NCCL communicator for device ", device, " (",
-                s.opt.size, " ranks, ", s.nccl.name(), ")");
+  const std::string what = errorText(name, rank, "making the NCCL communicator for device ", device,
+                                     " (", s.opt.size, " ranks, ", s.nccl.name(), ")");
   NcclUniqueId id;
   if (rank == 0) {
     NcclResult r = s.nccl.getUniqueId(&id);
@@ -228,9 +233,12 @@ NcclResult issue(NcclExecutorState& s, const NcclOp& op, NcclComm comm, Stream s
       case NcclOpKind::kBroadcast:
         return n.broadcast(op.in ? op.in : op.out, op.out ? op.out : const_cast<void*>(op.in),
                            b.count, b.type, op.root, comm, st);
-      case NcclOpKind::kAllgather: return n.allGather(op.in, op.out, b.count, b.type, comm, st);
-      case NcclOpKind::kSend: return n.send(op.in, b.count, b.type, op.root, comm, st);
-      default: return n.recv(op.out, b.count, b.type, op.root, comm, st);
+      case NcclOpKind::kAllgather:
+        return n.allGather(op.in, op.out, b.count, b.type, comm, st);
+      case NcclOpKind::kSend:
+        return n.send(op.in, b.count, b.type, op.root, comm, st);
+      default:
+        return n.recv(op.out, b.count, b.type, op.root, comm, st);
     }
   }
   const NcclTypeOp t = ncclReductionFor(op.dtype, op.redop, op.count, ncclOpName(op.kind), rank);
@@ -247,7 +255,8 @@ NcclResult issue(NcclExecutorState& s, const NcclOp& op, NcclComm comm, Stream s
       return n.allReduce(op.in, op.out, t.count, t.type, redop, comm, st);
     case NcclOpKind::kReduce:
       return n.reduce(op.in, op.out, t.count, t.type, redop, op.root, comm, st);
-    default: return n.reduceScatter(op.in, op.out, t.count, t.type, redop, comm, st);
+    default:
+      return n.reduceScatter(op.in, op.out, t.count, t.type, redop, comm, st);
   }
 }
 
@@ -334,17 +343,17 @@ std::shared_ptr<NcclWork> NcclExecutor::runGroup(const std::vector<NcclOp>& ops)
   }
   DeviceComm dc = ensureComm(s, device, name);
   const NcclOp& first = ops[0];
-  const std::string what =
-      ops.size() == 1 ? errorText(name, rank, "op ", seq, ", ", first.count, " ",
-                                  toString(first.dtype), " elements on device ", device)
-                      : errorText(name, rank, "op ", seq, ", ", ops.size(), " ops from ",
-                                  ncclOpName(first.kind), " on device ", device);
+  const std::string what = ops.size() == 1
+                               ? errorText(name, rank, "op ", seq, ", ", first.count, " ",
+                                           toString(first.dtype), " elements on device ", device)
+                               : errorText(name, rank, "op ", seq, ", ", ops.size(), " ops from ",
+                                           ncclOpName(first.kind), " on device ", device);
   DeviceGuard guard(s.dev, device);
   Event end = s.dev.eventCreate(device);
   // The work owns `end` from here. It joins the pending list only once `end`
   // is recorded: an event never recorded counts as complete.
-  auto work = std::shared_ptr<NcclWork>(new NcclWork(state_, what, end, dc.stream, device,
-                                                     timeout));
+  auto work =
+      std::shared_ptr<NcclWork>(new NcclWork(state_, what, end, dc.stream, device, timeout));
   try {
     enqueueOps(s, ops, dc, name, what, timeout);
     s.dev.eventRecord(end, dc.stream);
@@ -391,8 +400,8 @@ void NcclExecutor::shutdown(std::chrono::milliseconds drain) {
     for (auto& w : works) s.poll(*w);
     if (Clock::now() >= deadline) {
       s.fail(FailKind::kPeerLost,
-             errorText("shutdown", s.opt.rank, works.size(),
-                       " NCCL ops still running after ", drain.count(), " ms"));
+             errorText("shutdown", s.opt.rank, works.size(), " NCCL ops still running after ",
+                       drain.count(), " ms"));
       break;
     }
     std::this_thread::sleep_for(std::chrono::milliseconds(1));
@@ -412,12 +421,11 @@ void NcclExecutor::shutdown(std::chrono::milliseconds drain) {
       for (auto& kv : s.comms) {
         if (kv.second.comm) {
           // Idle: destroy. Failed groups were aborted already.
-          NcclResult r = failed ? s.nccl.commAbort(kv.second.comm)
-                                : s.nccl.commDestroy(kv.second.comm);
+          NcclResult r =
+              failed ? s.nccl.commAbort(kv.second.comm) : s.nccl.commDestroy(kv.second.comm);
           if (r != kNcclSuccess) {
-            BRAID_LOG(kWarn, "nccl", s.opt.rank)
-                << "releasing the NCCL communicator of device " << kv.first << ": "
-                << ncclResultName(r);
+            BRAID_LOG(kWarn, "nccl", s.opt.rank) << "releasing the NCCL communicator of device "
+                                                 << kv.first << ": " << ncclResultName(r);
           }
           kv.second.comm = nullptr;
         }

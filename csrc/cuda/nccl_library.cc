@@ -14,9 +14,10 @@ namespace braid {
 namespace cuda {
 namespace {
 
-BRAID_SETTING_STRING(kNcclLibrary, "BRAID_NCCL_LIBRARY", "",
-                     "Path of the libnccl.so.2 to load for CUDA tensors; empty: the copy torch "
-                     "loaded, else libnccl.so.2 from the loader's search path or the CUDA toolkit.");
+BRAID_SETTING_STRING(
+    kNcclLibrary, "BRAID_NCCL_LIBRARY", "",
+    "Path of the libnccl.so.2 to load for CUDA tensors; empty: the copy torch "
+    "loaded, else libnccl.so.2 from the loader's search path or the CUDA toolkit.");
 
 // ncclConfig_t as NCCL 2.28 lays it out (ncclConfig_v22800). NCCL copies
 // min(size, its own sizeof) bytes and reads fields by the version they came
@@ -87,8 +88,8 @@ class LoadedNccl : public NcclApi {
       : handle_(handle), how_(std::move(how)), f_(f), version_(version) {}
 
   std::string name() const override {
-    return strCat("NCCL ", version_ / 10000, ".", (version_ / 100) % 100, ".", version_ % 100,
-                  " (", how_, ")");
+    return strCat("NCCL ", version_ / 10000, ".", (version_ / 100) % 100, ".", version_ % 100, " (",
+                  how_, ")");
   }
   bool simulated() const override { return false; }
   int version() override { return version_; }
@@ -117,8 +118,8 @@ class LoadedNccl : public NcclApi {
   }
   NcclResult groupStart() override { return R(f_.GroupStart()); }
   NcclResult groupEnd() override { return R(f_.GroupEnd()); }
-  NcclResult allReduce(const void* s, void* r, size_t n, NcclDataType t, NcclRedOp op,
-                       NcclComm c, Stream st) override {
+  NcclResult allReduce(const void* s, void* r, size_t n, NcclDataType t, NcclRedOp op, NcclComm c,
+                       Stream st) override {
     return R(f_.AllReduce(s, r, n, t, op, c, st));
   }
   NcclResult broadcast(const void* s, void* r, size_t n, NcclDataType t, int root, NcclComm c,
@@ -183,8 +184,8 @@ NcclApi* load() {
     h = dlopen(env.c_str(), RTLD_NOW | RTLD_LOCAL);
     if (!h) {
       const char* e = dlerror();
-      throw Error(strCat("braid nccl: cannot load BRAID_NCCL_LIBRARY='", env, "': ",
-                         e ? e : "dlopen failed"));
+      throw Error(strCat("braid nccl: cannot load BRAID_NCCL_LIBRARY='", env,
+                         "': ", e ? e : "dlopen failed"));
     }
     how = "BRAID_NCCL_LIBRARY";
   } else if ((h = dlopen("libnccl.so.2", RTLD_NOW | RTLD_NOLOAD))) {
@@ -233,8 +234,7 @@ NcclApi* load() {
   resolve(h, "ncclRecv", &f.Recv, lib);
   resolve(h, "ncclRedOpCreatePreMulSum", &f.RedOpCreatePreMulSum, lib);
   resolve(h, "ncclRedOpDestroy", &f.RedOpDestroy, lib);
-  return new LoadedNccl(h, strCat(libraryPath(h, reinterpret_cast<void*>(f.GetVersion)), ", ",
-                                  how),
+  return new LoadedNccl(h, strCat(libraryPath(h, reinterpret_cast<void*>(f.GetVersion)), ", ", how),
                         f, version);
 }
 

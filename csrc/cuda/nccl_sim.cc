@@ -73,8 +73,8 @@ NcclResult SimulatedNccl::getUniqueId(NcclUniqueId* id) {
   return kNcclSuccess;
 }
 
-NcclResult SimulatedNccl::commInitRank(NcclComm* out, int nranks, const NcclUniqueId& id,
-                                       int rank, bool blocking) {
+NcclResult SimulatedNccl::commInitRank(NcclComm* out, int nranks, const NcclUniqueId& id, int rank,
+                                       bool blocking) {
   if (nranks < 1 || rank < 0 || rank >= nranks) return kNcclInvalidArgument;
   const std::string key(id.internal, sizeof(id.internal));
   auto comm = std::make_shared<Comm>();
@@ -355,21 +355,23 @@ NcclResult SimulatedNccl::send(const void* buf, size_t count, NcclDataType type,
   return submit(comm, std::move(c));
 }
 
-NcclResult SimulatedNccl::recv(void* buf, size_t count, NcclDataType type, int peer,
-                               NcclComm comm, Stream stream) {
+NcclResult SimulatedNccl::recv(void* buf, size_t count, NcclDataType type, int peer, NcclComm comm,
+                               Stream stream) {
   Call c;
   c.kind = Kind::kRecv;
   c.recv = buf, c.count = count, c.type = type, c.root = peer, c.stream = stream;
   return submit(comm, std::move(c));
 }
 
-NcclResult SimulatedNccl::redOpCreatePreMulSum(NcclRedOp* op, const void* scalar,
-                                               NcclDataType type, NcclComm handle) {
+NcclResult SimulatedNccl::redOpCreatePreMulSum(NcclRedOp* op, const void* scalar, NcclDataType type,
+                                               NcclComm handle) {
   auto c = find(handle);
   if (!c) return kNcclInvalidArgument;
   double v;
   switch (type) {
-    case kNcclFloat64: std::memcpy(&v, scalar, 8); break;
+    case kNcclFloat64:
+      std::memcpy(&v, scalar, 8);
+      break;
     case kNcclFloat32: {
       float f;
       std::memcpy(&f, scalar, 4);

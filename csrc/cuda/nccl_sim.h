@@ -81,8 +81,8 @@ class SimulatedNccl : public NcclApi {
   NcclResult groupStart() override;
   NcclResult groupEnd() override;
 
-  NcclResult allReduce(const void* send, void* recv, size_t count, NcclDataType type,
-                       NcclRedOp op, NcclComm comm, Stream stream) override;
+  NcclResult allReduce(const void* send, void* recv, size_t count, NcclDataType type, NcclRedOp op,
+                       NcclComm comm, Stream stream) override;
   NcclResult broadcast(const void* send, void* recv, size_t count, NcclDataType type, int root,
                        NcclComm comm, Stream stream) override;
   NcclResult reduce(const void* send, void* recv, size_t count, NcclDataType type, NcclRedOp op,

@@ -83,8 +83,8 @@ struct Comm {
   std::string errorText;
   bool aborted = false;
   bool destroyed = false;
-  bool hang = false;    // the next task blocks until aborted
-  int inProgress = 0;   // deferred enqueues not yet made
+  bool hang = false;   // the next task blocks until aborted
+  int inProgress = 0;  // deferred enqueues not yet made
   uint64_t nextSeq = 0;
   std::map<NcclRedOp, double> premulOps;  // created ops and their factors
   NcclRedOp nextOp = 5;                   // ncclNumOps: the first custom op

@@ -13,13 +13,20 @@ namespace simnccl {
 
 const char* kindName(Kind k) {
   switch (k) {
-    case Kind::kAllReduce: return "allReduce";
-    case Kind::kBroadcast: return "broadcast";
-    case Kind::kReduce: return "reduce";
-    case Kind::kAllGather: return "allGather";
-    case Kind::kReduceScatter: return "reduceScatter";
-    case Kind::kSend: return "send";
-    case Kind::kRecv: return "recv";
+    case Kind::kAllReduce:
+      return "allReduce";
+    case Kind::kBroadcast:
+      return "broadcast";
+    case Kind::kReduce:
+      return "reduce";
+    case Kind::kAllGather:
+      return "allGather";
+    case Kind::kReduceScatter:
+      return "reduceScatter";
+    case Kind::kSend:
+      return "send";
+    case Kind::kRecv:
+      return "recv";
   }
   return "?";
 }
@@ -28,25 +35,38 @@ namespace {
 
 DataType braidType(NcclDataType t) {
   switch (t) {
-    case kNcclInt8: return DataType::kInt8;
-    case kNcclUint8: return DataType::kUInt8;
-    case kNcclInt32: return DataType::kInt32;
-    case kNcclInt64: return DataType::kInt64;
-    case kNcclFloat16: return DataType::kFloat16;
-    case kNcclFloat32: return DataType::kFloat32;
-    case kNcclFloat64: return DataType::kFloat64;
-    case kNcclBfloat16: return DataType::kBFloat16;
-    default: break;
+    case kNcclInt8:
+      return DataType::kInt8;
+    case kNcclUint8:
+      return DataType::kUInt8;
+    case kNcclInt32:
+      return DataType::kInt32;
+    case kNcclInt64:
+      return DataType::kInt64;
+    case kNcclFloat16:
+      return DataType::kFloat16;
+    case kNcclFloat32:
+      return DataType::kFloat32;
+    case kNcclFloat64:
+      return DataType::kFloat64;
+    case kNcclBfloat16:
+      return DataType::kBFloat16;
+    default:
+      break;
   }
   throw Error("simulated NCCL: unsupported data type");  // submit() checked it
 }
 
 ReduceOp braidOp(NcclRedOp op) {
   switch (op) {
-    case kNcclProd: return ReduceOp::kProduct;
-    case kNcclMax: return ReduceOp::kMax;
-    case kNcclMin: return ReduceOp::kMin;
-    default: return ReduceOp::kSum;  // sum, avg, premul
+    case kNcclProd:
+      return ReduceOp::kProduct;
+    case kNcclMax:
+      return ReduceOp::kMax;
+    case kNcclMin:
+      return ReduceOp::kMin;
+    default:
+      return ReduceOp::kSum;  // sum, avg, premul
   }
 }
 

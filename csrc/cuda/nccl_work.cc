@@ -34,9 +34,12 @@ namespace cuda {
 
 std::exception_ptr makeError(FailKind kind, const std::string& text) {
   switch (kind) {
-    case FailKind::kTimeout: return std::make_exception_ptr(TimeoutError(text));
-    case FailKind::kPeerLost: return std::make_exception_ptr(PeerLostError(text));
-    case FailKind::kError: break;
+    case FailKind::kTimeout:
+      return std::make_exception_ptr(TimeoutError(text));
+    case FailKind::kPeerLost:
+      return std::make_exception_ptr(PeerLostError(text));
+    case FailKind::kError:
+      break;
   }
   return std::make_exception_ptr(Error(text));
 }
@@ -241,8 +244,9 @@ void NcclExecutorState::watchdogLoop() {
 
 void NcclExecutorState::throwFailedLocked(const char* op, int rank) {
   std::rethrow_exception(
-      makeError(failKind, errorText(op, rank, "the group's NCCL communicators were aborted after "
-                                              "an earlier error: ",
+      makeError(failKind, errorText(op, rank,
+                                    "the group's NCCL communicators were aborted after "
+                                    "an earlier error: ",
                                     failText)));
 }
 

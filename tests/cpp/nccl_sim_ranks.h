@@ -26,16 +26,47 @@ inline DeviceApi& dev() { return simulatedDevice(4); }
 inline double getValue(DataType t, const void* p, size_t i) {
   auto b = static_cast<const uint8_t*>(p) + i * elementSize(t);
   switch (t) {
-    case DataType::kFloat32: { float v; std::memcpy(&v, b, 4); return v; }
-    case DataType::kFloat64: { double v; std::memcpy(&v, b, 8); return v; }
-    case DataType::kFloat16: { uint16_t v; std::memcpy(&v, b, 2); return reduce::halfToFloat(v); }
-    case DataType::kBFloat16: { uint16_t v; std::memcpy(&v, b, 2); return reduce::bf16ToFloat(v); }
-    case DataType::kInt8: return static_cast<int8_t>(*b);
-    case DataType::kUInt8: return *b;
-    case DataType::kBool: return *b != 0;
-    case DataType::kInt16: { int16_t v; std::memcpy(&v, b, 2); return v; }
-    case DataType::kInt32: { int32_t v; std::memcpy(&v, b, 4); return v; }
-    case DataType::kInt64: { int64_t v; std::memcpy(&v, b, 8); return static_cast<double>(v); }
+    case DataType::kFloat32: {
+      float v;
+      std::memcpy(&v, b, 4);
+      return v;
+    }
+    case DataType::kFloat64: {
+      double v;
+      std::memcpy(&v, b, 8);
+      return v;
+    }
+    case DataType::kFloat16: {
+      uint16_t v;
+      std::memcpy(&v, b, 2);
+      return reduce::halfToFloat(v);
+    }
+    case DataType::kBFloat16: {
+      uint16_t v;
+      std::memcpy(&v, b, 2);
+      return reduce::bf16ToFloat(v);
+    }
+    case DataType::kInt8:
+      return static_cast<int8_t>(*b);
+    case DataType::kUInt8:
+      return *b;
+    case DataType::kBool:
+      return *b != 0;
+    case DataType::kInt16: {
+      int16_t v;
+      std::memcpy(&v, b, 2);
+      return v;
+    }
+    case DataType::kInt32: {
+      int32_t v;
+      std::memcpy(&v, b, 4);
+      return v;
+    }
+    case DataType::kInt64: {
+      int64_t v;
+      std::memcpy(&v, b, 8);
+      return static_cast<double>(v);
+    }
   }
   return NAN;
 }
@@ -43,8 +74,14 @@ inline double getValue(DataType t, const void* p, size_t i) {
 inline void setValue(DataType t, void* p, size_t i, double v) {
   auto b = static_cast<uint8_t*>(p) + i * elementSize(t);
   switch (t) {
-    case DataType::kFloat32: { float x = static_cast<float>(v); std::memcpy(b, &x, 4); return; }
-    case DataType::kFloat64: std::memcpy(b, &v, 8); return;
+    case DataType::kFloat32: {
+      float x = static_cast<float>(v);
+      std::memcpy(b, &x, 4);
+      return;
+    }
+    case DataType::kFloat64:
+      std::memcpy(b, &v, 8);
+      return;
     case DataType::kFloat16: {
       uint16_t x = reduce::floatToHalf(static_cast<float>(v));
       std::memcpy(b, &x, 2);
@@ -55,19 +92,39 @@ inline void setValue(DataType t, void* p, size_t i, double v) {
       std::memcpy(b, &x, 2);
       return;
     }
-    case DataType::kInt8: *b = static_cast<uint8_t>(static_cast<int8_t>(v)); return;
-    case DataType::kUInt8: *b = static_cast<uint8_t>(v); return;
-    case DataType::kBool: *b = v != 0; return;
-    case DataType::kInt16: { int16_t x = static_cast<int16_t>(v); std::memcpy(b, &x, 2); return; }
-    case DataType::kInt32: { int32_t x = static_cast<int32_t>(v); std::memcpy(b, &x, 4); return; }
-    case DataType::kInt64: { int64_t x = static_cast<int64_t>(v); std::memcpy(b, &x, 8); return; }
+    case DataType::kInt8:
+      *b = static_cast<uint8_t>(static_cast<int8_t>(v));
+      return;
+    case DataType::kUInt8:
+      *b = static_cast<uint8_t>(v);
+      return;
+    case DataType::kBool:
+      *b = v != 0;
+      return;
+    case DataType::kInt16: {
+      int16_t x = static_cast<int16_t>(v);
+      std::memcpy(b, &x, 2);
+      return;
+    }
+    case DataType::kInt32: {
+      int32_t x = static_cast<int32_t>(v);
+      std::memcpy(b, &x, 4);
+      return;
+    }
+    case DataType::kInt64: {
+      int64_t x = static_cast<int64_t>(v);
+      std::memcpy(b, &x, 8);
+      return;
+    }
   }
 }
 
 // "Device memory" of the simulated device, freed with the holder.
 struct DeviceBuffer {
   DeviceBuffer(DataType t, size_t count, int device = 0)
-      : type(t), n(count), p(dev().deviceAlloc(device, std::max<size_t>(1, count * elementSize(t)))) {}
+      : type(t),
+        n(count),
+        p(dev().deviceAlloc(device, std::max<size_t>(1, count * elementSize(t)))) {}
   ~DeviceBuffer() { dev().deviceFree(p); }
   DeviceBuffer(const DeviceBuffer&) = delete;
   DeviceBuffer& operator=(const DeviceBuffer&) = delete;

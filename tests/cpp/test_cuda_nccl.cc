@@ -22,9 +22,9 @@ using braid::testing::runRanks;
 using std::chrono::milliseconds;
 using Clock = std::chrono::steady_clock;
 
-const DataType kAllTypes[] = {DataType::kFloat32, DataType::kFloat64, DataType::kFloat16,
-                              DataType::kBFloat16, DataType::kInt8,   DataType::kUInt8,
-                              DataType::kInt16,   DataType::kInt32,   DataType::kInt64,
+const DataType kAllTypes[] = {DataType::kFloat32,  DataType::kFloat64, DataType::kFloat16,
+                              DataType::kBFloat16, DataType::kInt8,    DataType::kUInt8,
+                              DataType::kInt16,    DataType::kInt32,   DataType::kInt64,
                               DataType::kBool};
 
 // Rank r's element i: small integers, exact in every dtype and their sums.
@@ -83,8 +83,8 @@ void checkAllOps(int n) {
       }
       // a ring: send to the next rank, receive from the previous, one group
       NcclOp s = op(NcclOpKind::kSend, in.p, nullptr, count, t, ReduceOp::kSum, (rank + 1) % n);
-      NcclOp v = op(NcclOpKind::kRecv, nullptr, out.p, count, t, ReduceOp::kSum,
-                    (rank + n - 1) % n);
+      NcclOp v =
+          op(NcclOpKind::kRecv, nullptr, out.p, count, t, ReduceOp::kSum, (rank + n - 1) % n);
       s.device = v.device = device;
       ex.runGroup({s, v})->wait();
       for (size_t i = 0; i < count; ++i) ASSERT_EQ(out.get(i), x(t, (rank + n - 1) % n, i));
@@ -117,7 +117,8 @@ TEST(CudaNccl, ReduceOpsOfEveryDtype) {
         if (!ncclSupports(t, r)) continue;
         SCOPED_TRACE(strCat("rank ", rank, ", ", toString(t), " ", toString(r)));
         DeviceBuffer in(t, count), out(t, count);
-        for (size_t i = 0; i < count; ++i) in.set(i, t == DataType::kBool ? y(rank, i) - 1 : y(rank, i));
+        for (size_t i = 0; i < count; ++i)
+          in.set(i, t == DataType::kBool ? y(rank, i) - 1 : y(rank, i));
         NcclOp o = op(NcclOpKind::kAllreduce, in.p, out.p, count, t, r);
         o.premulFactor = 0.5;
         ex.run(o)->wait();
@@ -129,8 +130,8 @@ TEST(CudaNccl, ReduceOpsOfEveryDtype) {
           }
           double want = s;
           if (t == DataType::kBool) {
-            want = (r == ReduceOp::kProduct || r == ReduceOp::kMin || r == ReduceOp::kBand)
-                       ? mn : mx;
+            want =
+                (r == ReduceOp::kProduct || r == ReduceOp::kMin || r == ReduceOp::kBand) ? mn : mx;
           } else if (r == ReduceOp::kProduct) {
             want = p;
           } else if (r == ReduceOp::kMin) {

@@ -44,9 +44,7 @@ std::string errorOf(F fn) {
   return "";
 }
 
-NcclOp allreduce(DeviceBuffer& b) {
-  return op(NcclOpKind::kAllreduce, b.p, b.p, b.n, b.type);
-}
+NcclOp allreduce(DeviceBuffer& b) { return op(NcclOpKind::kAllreduce, b.p, b.p, b.n, b.type); }
 
 TEST(CudaNcclFaults, AsyncErrorFailsTheOpAndAbortsTheGroup) {
   const int n = 3;

@@ -64,8 +64,8 @@ Real loadReal() {
 }
 
 // One rank's op through the backend's stream dance; returns the output.
-std::vector<double> runOne(DeviceApi& dev, NcclExecutor& ex, NcclOp o, const std::vector<double>& in,
-                           size_t outCount) {
+std::vector<double> runOne(DeviceApi& dev, NcclExecutor& ex, NcclOp o,
+                           const std::vector<double>& in, size_t outCount) {
   const size_t es = elementSize(o.dtype);
   const size_t inBytes = in.size() * es, outBytes = outCount * es;
   void* hostIn = dev.hostAlloc(inBytes + 1);
@@ -108,9 +108,10 @@ void checkWorld1(bool blocking) {
   opt.blockingComm = blocking;
   NcclExecutor ex(*r.nccl, *r.dev, store, opt);
   const size_t count = 1000;
-  const DataType types[] = {DataType::kFloat32, DataType::kFloat64, DataType::kFloat16,
-                            DataType::kBFloat16, DataType::kInt8, DataType::kUInt8,
-                            DataType::kInt16, DataType::kInt32, DataType::kInt64, DataType::kBool};
+  const DataType types[] = {DataType::kFloat32,  DataType::kFloat64, DataType::kFloat16,
+                            DataType::kBFloat16, DataType::kInt8,    DataType::kUInt8,
+                            DataType::kInt16,    DataType::kInt32,   DataType::kInt64,
+                            DataType::kBool};
   for (DataType t : types) {
     SCOPED_TRACE(toString(t));
     std::vector<double> in(count);
