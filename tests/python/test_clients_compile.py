@@ -27,8 +27,9 @@ def _model():
     import torch
 
     torch.manual_seed(4321)
-    return torch.nn.Sequential(torch.nn.Linear(16, 64), torch.nn.ReLU(), torch.nn.Linear(64, 64),
-                               torch.nn.ReLU(), torch.nn.Linear(64, 8))
+    return torch.nn.Sequential(torch.nn.Linear(16, 512), torch.nn.ReLU(),
+                               torch.nn.Linear(512, 512), torch.nn.ReLU(),
+                               torch.nn.Linear(512, 512), torch.nn.ReLU(), torch.nn.Linear(512, 8))
 
 
 def _batch(step, r):
@@ -45,8 +46,9 @@ def _train(ctx, group):
 
     torch._dynamo.reset()
     model = _model()
-    # 16 KiB buckets: the 64 x 64 layer alone fills one, so the graph splits in three.
-    ddp = DDP(model, process_group=group, bucket_cap_mb=16 / 1024)
+    # 1 MiB buckets (torch 2.14's DDPOptimizer wants none smaller than DDP's first, 1 MiB):
+    # each 512 x 512 layer fills one, so the graph splits at each.
+    ddp = DDP(model, process_group=group, bucket_cap_mb=1)
     compiled = torch.compile(ddp, backend="aot_eager")
     opt = torch.optim.SGD(model.parameters(), lr=0.05)
     losses = []

@@ -300,3 +300,85 @@ def _tensor_parallel(ctx):
 @pytest.mark.parametrize("world", H.sizes(fast=(2, 4), slow=()), indirect=True)
 def test_tensor_parallel_colwise_rowwise(world):
     H.check_reports(world.run(_tensor_parallel, timeout=120))
+
+
+# ---- what the clients expect of the backend ---------------------------------------------------
+
+
+def _fr_names(ctx):
+    """The flight recorder names the mesh's groups as torch does (name, desc, global ranks),
+    and records each op under its group."""
+    import torch_braid.fr as fr
+    from torch.distributed.tensor import Replicate, Shard, distribute_tensor
+
+    failures = []
+    if not fr.enabled():
+        return {"count": 0, "failures": [], "off": True}
+    braid_mesh, _ = _meshes(ctx, 2)
+    d = distribute_tensor(_global(3), braid_mesh, [Shard(0), Shard(1)])
+    d.redistribute(braid_mesh, [Replicate(), Replicate()]).to_local()
+    dump = fr.entries()
+    count = 0
+    for dim in range(2):
+        g = braid_mesh.get_group(dim)
+        name, desc = g.group_name, getattr(g, "group_desc", "")
+        cfg = dump["pg_config"].get(name)
+        count += 1
+        want = {"name": name, "desc": desc, "ranks": str(ctx.dist.get_process_group_ranks(g))}
+        if cfg != want:
+            failures.append(f"rank {ctx.rank} mesh dim {dim}: pg_config {cfg}, expected {want}")
+        ops = [e for e in dump["entries"] if tuple(e.get("process_group", ())) == (name, desc)]
+        count += 1
+        if not ops:
+            failures.append(f"rank {ctx.rank} mesh dim {dim}: no entry under ({name}, {desc})")
+    return {"count": count, "failures": failures}
+
+
+@pytest.mark.braid_only
+@pytest.mark.parametrize("world", [pytest.param(4, id="n4")], indirect=True)
+def test_flight_recorder_names_mesh_groups(world):
+    results = world.run(_fr_names)
+    if any(r.get("off") for r in results):
+        pytest.skip("the flight recorder is off (BRAID_FR_BUFFER_SIZE=0)")
+    H.check_reports(results)
+
+
+def _subgroups_and_mesh(ctx):
+    """new_subgroups and a 2-D init_device_mesh on the braid default group, each checked with
+    a closed-form all_reduce; and what braid tells torch about splitting."""
+    torch, dist = ctx.torch, ctx.dist
+    from torch.distributed.device_mesh import init_device_mesh
+    import torch.distributed._functional_collectives as fc
+
+    ch = H.Checker(ctx)
+    be = dist.group.WORLD._get_backend(torch.device("cpu"))
+    splits = bool(getattr(be, "supports_splitting", False))
+    n, me = ctx.size, ctx.rank
+    if "subgroups" not in ctx.cache:
+        ctx.cache["subgroups"] = dist.new_subgroups(group_size=2)
+    cur, _ = ctx.cache["subgroups"]
+    t = torch.tensor([float(me + 1)])
+    dist.all_reduce(t, group=cur)
+    base = me - me % 2
+    ch.equal("new_subgroups all_reduce", t, torch.tensor([float(base + 1 + base + 2)]))
+    if "mesh-n2x2" not in ctx.cache:
+        ctx.cache["mesh-n2x2"] = init_device_mesh("cpu", (n // 2, 2), mesh_dim_names=("a", "b"))
+    mesh = ctx.cache["mesh-n2x2"]
+    for dim in range(2):
+        got = fc.all_reduce(torch.tensor([float(me + 1)]), "sum", (mesh, dim)).wait()
+        ranks = mesh.mesh[:, me % 2] if dim == 0 else mesh.mesh[me // 2, :]
+        ch.equal(f"mesh dim {dim} all_reduce", got,
+                 torch.tensor([float(sum(r + 1 for r in ranks.tolist()))]))
+    return {**ch.report(), "splits": splits}
+
+
+@pytest.mark.braid_only
+@pytest.mark.parametrize("world", H.sizes(fast=(2, 4), slow=()), indirect=True)
+def test_new_subgroups_and_mesh(world):
+    """torch 2.14 would split subgroups off a default group bound to a device whose backend
+    says it supports splitting (new_group, new_subgroups, DeviceMesh). A CPU-only default
+    group cannot be bound ("device_id parameter must be an accelerator with an index"), and
+    braid says it does not split, so torch makes these groups with new_group: checked here."""
+    results = world.run(_subgroups_and_mesh)
+    H.check_reports(results)
+    assert not any(r["splits"] for r in results), "braid claims supports_splitting"

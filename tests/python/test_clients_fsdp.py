@@ -18,8 +18,8 @@ the same number as the AVG or PREMUL_SUM result.
 
 Tolerances (scripts/clients.py, Note [Which runs can be bit for bit]): braid against gloo
 bit for bit at 2 ranks and on the 2 x 2 HSDP mesh (every reduction sums two ranks), FP32_TOL
-at 4 ranks; against the one-process reference FP32_TOL (fp32) or BF16_TOL (bf16 params and
-reductions).
+at 4 ranks; against the one-process reference FP32_TOL (fp32), or for bf16 params and
+reductions the losses within BF16_TOL and each parameter's update within BF16_UPDATE.
 """
 import contextlib
 import os
@@ -183,8 +183,14 @@ def _case(ctx, cfg):
         if not C.gloo_error(e):
             raise
         # gloo refused the reduce op or dtype on every rank, before communicating.
-        out["gloo_note"] = f"gloo: {str(e).splitlines()[0][:160]}"
-        out["gloo"] = _train(ctx, gloo_mesh, cfg, force_sum=True)
+        msg = str(e).splitlines()[0][:160]
+        if "Invalid scalar type" in msg:  # a dtype gloo lacks even for all-gather (bf16)
+            out["gloo_note"] = (f"gloo: {msg} -> no gloo reference; braid checked against "
+                                f"the one-process fp32 reference")
+            out["gloo"] = None
+        else:
+            out["gloo_note"] = f"gloo: {msg} -> gloo reference with SUM and a division after it"
+            out["gloo"] = _train(ctx, gloo_mesh, cfg, force_sum=True)
     ctx.dist.barrier(group=ctx.ref)
     out["ref"] = _reference(ctx, cfg)
     return out
@@ -198,26 +204,37 @@ def _gloo_tol(n, cfg):
 
 def _compare(results, cfg, n):
     failures, notes = [], set()
-    ref_tol = C.BF16_TOL if cfg.get("bf16") else C.FP32_TOL
     gloo_tol = _gloo_tol(n, cfg)
+    init = _initial_params()
     for r, res in enumerate(results):
         b, g, ref = res["braid"], res["gloo"], res["ref"]
         if res["gloo_note"]:
-            notes.add(res["gloo_note"] + " -> gloo reference with SUM and a division after it")
-        failures += C.compare_tensors(f"rank {r} losses braid vs gloo", [b["losses"]],
-                                      [g["losses"]], gloo_tol)
-        failures += C.compare_tensors(f"rank {r} params braid vs gloo", b["params"],
-                                      g["params"], gloo_tol)
-        failures += C.compare_tensors(f"rank {r} losses braid vs reference", [b["losses"]],
-                                      [ref["losses"]], ref_tol)
-        failures += C.compare_tensors(f"rank {r} params braid vs reference", b["params"],
-                                      ref["params"], ref_tol)
+            notes.add(res["gloo_note"])
+        if g is not None:
+            failures += C.compare_tensors(f"rank {r} losses braid vs gloo", [b["losses"]],
+                                          [g["losses"]], gloo_tol)
+            failures += C.compare_tensors(f"rank {r} params braid vs gloo", b["params"],
+                                          g["params"], gloo_tol)
+        if cfg.get("bf16"):
+            # bf16 forward, backward and reduction against fp32: the losses within bf16's
+            # rounding, and each parameter's update (final - initial) within BF16_UPDATE of
+            # the largest update of that tensor. A lost or doubled rank's share moves an
+            # update by 25% or more at these sizes.
+            failures += C.compare_tensors(f"rank {r} losses braid vs reference",
+                                          [b["losses"]], [ref["losses"]], C.BF16_TOL)
+            failures += C.compare_updates(f"rank {r} updates braid vs reference", b["params"],
+                                          ref["params"], init, C.BF16_UPDATE)
+        else:
+            failures += C.compare_tensors(f"rank {r} losses braid vs reference",
+                                          [b["losses"]], [ref["losses"]], C.FP32_TOL)
+            failures += C.compare_tensors(f"rank {r} params braid vs reference", b["params"],
+                                          ref["params"], C.FP32_TOL)
         # Every rank holds the same full parameters.
         failures += C.compare_tensors(f"rank {r} params vs rank 0's", b["params"],
                                       results[0]["braid"]["params"])
     # The training moved the parameters (a test that compares nothing would pass anyway).
     moved = max((p - q).abs().max().item() for p, q in zip(
-        results[0]["braid"]["params"], _initial_params()))
+        results[0]["braid"]["params"], init))
     assert moved > 1e-4, f"FSDP2 training did not change the parameters ({moved})"
     assert not failures, "\n".join(failures[:30])
     if notes:

@@ -30,6 +30,10 @@ FP32_TOL = (1e-5, 1e-6)
 # bf16 results against an fp32 reference: bf16 keeps 8 significant bits (relative
 # rounding 2^-9 = 2e-3 per operation); a few steps of a small model stay within 2e-2.
 BF16_TOL = (2e-2, 2e-3)
+# bf16 training against fp32: each parameter's update (final - initial) within this fraction
+# of the tensor's largest update. bf16 gradients carry ~2^-8 relative error (a few 1e-3 after
+# the sums); a rank's share lost or doubled changes updates by 1/n of them or more.
+BF16_UPDATE = 0.05
 
 
 def _old():
@@ -132,6 +136,20 @@ def compare_tensors(what, got, expected, tol=None):
                 bad = int((diff > atol + rtol * e64.abs()).sum())
                 out.append(f"{what}[{i}]: {bad} of {g.numel()} elements beyond rtol {rtol} "
                            f"atol {atol}; max |diff| {diff.max().item():.3g}")
+    return out
+
+
+def compare_updates(what, got, ref, init, frac):
+    """Failure lines unless every |(got - init) - (ref - init)| <= frac * max|ref - init|
+    (per tensor)."""
+    out = []
+    for i, (g, r, p0) in enumerate(zip(got, ref, init)):
+        dg, dr = g.double() - p0.double(), r.double() - p0.double()
+        scale = dr.abs().max().item()
+        err = (dg - dr).abs().max().item()
+        if err > frac * scale + 1e-12:
+            out.append(f"{what}[{i}]: update off by {err:.3g}, more than {frac} of the largest "
+                       f"update {scale:.3g}")
     return out
 
 
