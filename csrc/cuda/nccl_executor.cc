@@ -103,13 +103,13 @@ int NcclExecutor::rank() const { return state_->opt.rank; }
 int NcclExecutor::size() const { return state_->opt.size; }
 
 Stream NcclExecutor::commStream(int device) {
-  std::lock_guard<std::timed_mutex> lock(state_->callMu);
+  std::lock_guard<TimedLock> lock(state_->callMu);
   auto it = state_->comms.find(device);
   return it == state_->comms.end() ? nullptr : it->second.stream;
 }
 
 int NcclExecutor::communicatorsCreated() {
-  std::lock_guard<std::timed_mutex> lock(state_->callMu);
+  std::lock_guard<TimedLock> lock(state_->callMu);
   return state_->created;
 }
 
@@ -130,7 +130,7 @@ void waitInProgress(NcclExecutorState& s, int device, Clock::time_point deadline
     NcclResult err = kNcclSuccess;
     std::string text;
     {
-      std::lock_guard<std::timed_mutex> lock(s.callMu);
+      std::lock_guard<TimedLock> lock(s.callMu);
       NcclComm comm = s.comms[device].comm;
       if (!comm) {
         std::lock_guard<std::mutex> l(s.mu);
@@ -164,7 +164,7 @@ DeviceComm ensureComm(NcclExecutorState& s, int device, const char* name) {
   const int rank = s.opt.rank;
   int n;
   {
-    std::lock_guard<std::timed_mutex> lock(s.callMu);
+    std::lock_guard<TimedLock> lock(s.callMu);
     auto it = s.comms.find(device);
     if (it != s.comms.end()) return it->second;  // a null comm: failed, seen by the caller
     n = static_cast<int>(s.comms.size());
@@ -203,7 +203,7 @@ DeviceComm ensureComm(NcclExecutorState& s, int device, const char* name) {
   NcclResult r = s.nccl.commInitRank(&comm, s.opt.size, id, rank, s.opt.blockingComm);
   bool late;  // the group failed while this one was being made
   {
-    std::lock_guard<std::timed_mutex> lock(s.callMu);
+    std::lock_guard<TimedLock> lock(s.callMu);
     s.comms[device] = DeviceComm{comm, stream};
     if (comm) ++s.created;
     std::lock_guard<std::mutex> l(s.mu);
@@ -277,7 +277,7 @@ void enqueueOps(NcclExecutorState& s, const std::vector<NcclOp>& ops, const Devi
   std::string failedCall;
   std::vector<NcclRedOp> premuls;
   {
-    std::lock_guard<std::timed_mutex> lock(s.callMu);
+    std::lock_guard<TimedLock> lock(s.callMu);
     NcclComm comm = s.comms[device].comm;
     if (!comm) {
       std::lock_guard<std::mutex> l(s.mu);
@@ -303,7 +303,7 @@ void enqueueOps(NcclExecutorState& s, const std::vector<NcclOp>& ops, const Devi
   // On a non-blocking communicator the kernel may not be enqueued yet.
   if (result == kNcclInProgress) waitInProgress(s, device, Clock::now() + timeout, what);
   if (!premuls.empty()) {
-    std::lock_guard<std::timed_mutex> lock(s.callMu);
+    std::lock_guard<TimedLock> lock(s.callMu);
     NcclComm comm = s.comms[device].comm;
     for (NcclRedOp op : premuls) {
       if (comm) s.nccl.redOpDestroy(op, comm);
@@ -416,7 +416,7 @@ void NcclExecutor::shutdown(std::chrono::milliseconds drain) {
   if (s.watchdog.joinable()) s.watchdog.join();
   std::vector<Stream> streams;
   {
-    std::unique_lock<std::timed_mutex> lock(s.callMu, std::defer_lock);
+    std::unique_lock<TimedLock> lock(s.callMu, std::defer_lock);
     if (lock.try_lock_for(std::chrono::seconds(1))) {
       for (auto& kv : s.comms) {
         if (kv.second.comm) {

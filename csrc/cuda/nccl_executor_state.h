@@ -27,6 +27,38 @@ struct DeviceComm {
 
 enum class FailKind { kError, kTimeout, kPeerLost };
 
+// A mutex with try_lock_for, as std::timed_mutex, built on a mutex and a
+// condition variable: libstdc++'s timed_mutex locks through
+// pthread_mutex_clocklock, which TSan does not intercept (it then reports
+// every unlock as one of an unlocked mutex).
+class TimedLock {
+ public:
+  void lock() {
+    std::unique_lock<std::mutex> l(mu_);
+    cv_.wait(l, [&] { return !held_; });
+    held_ = true;
+  }
+  template <typename Duration>
+  bool try_lock_for(Duration d) {
+    std::unique_lock<std::mutex> l(mu_);
+    if (!cv_.wait_for(l, d, [&] { return !held_; })) return false;
+    held_ = true;
+    return true;
+  }
+  void unlock() {
+    {
+      std::lock_guard<std::mutex> l(mu_);
+      held_ = false;
+    }
+    cv_.notify_one();
+  }
+
+ private:
+  std::mutex mu_;
+  std::condition_variable cv_;
+  bool held_ = false;
+};
+
 struct NcclExecutorState {
   NcclExecutorState(NcclApi& n, DeviceApi& d, transport::Store& s, NcclExecutor::Options o)
       : nccl(n), dev(d), store(s), opt(std::move(o)) {}
@@ -42,7 +74,7 @@ struct NcclExecutorState {
   std::mutex enqueueMu;
   // Every NCCL call on a communicator, and `comms`; held only briefly (a
   // non-blocking communicator never blocks inside NCCL).
-  std::timed_mutex callMu;
+  TimedLock callMu;
   std::map<int, DeviceComm> comms;
   int created = 0;
 

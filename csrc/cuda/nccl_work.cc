@@ -17,7 +17,8 @@
 //   later run() throws at once, naming the first error: the ranks are out of
 //   step, and NCCL cannot resume an aborted communicator.
 // - An end event that completed is a success only if NCCL shows no error
-//   after it: an aborted kernel also completes its event.
+//   after it and the group has not failed: an aborted kernel also completes
+//   its event (and once aborted, a communicator can no longer be asked).
 // - Nothing waits on the device without a deadline: done() and the
 //   watchdog query events; wait() polls done() with a short sleep; abort()
 //   takes the NCCL call lock for at most a second (a blocking communicator
@@ -113,7 +114,9 @@ void NcclExecutorState::finish(NcclWork& w, std::exception_ptr e) {
   std::vector<std::function<void(std::exception_ptr)>> callbacks;
   {
     std::lock_guard<std::mutex> lock(mu);
-    if (w.resolved_) return;
+    // Once the group failed, an end event that completes may be an aborted
+    // kernel's: fail() resolves every pending work with the error.
+    if (w.resolved_ || (!e && failed)) return;
     w.resolved_ = true;
     w.error_ = e;
     callbacks.swap(w.callbacks_);
@@ -125,7 +128,7 @@ void NcclExecutorState::finish(NcclWork& w, std::exception_ptr e) {
 }
 
 NcclResult NcclExecutorState::asyncError(int device, std::string* text) {
-  std::unique_lock<std::timed_mutex> lock(callMu, std::defer_lock);
+  std::unique_lock<TimedLock> lock(callMu, std::defer_lock);
   if (!lock.try_lock_for(std::chrono::milliseconds(10))) return kNcclSuccess;
   auto it = comms.find(device);
   if (it == comms.end() || !it->second.comm) return kNcclSuccess;
@@ -203,7 +206,7 @@ void NcclExecutorState::fail(FailKind kind, const std::string& cause, NcclWork* 
 }
 
 void NcclExecutorState::abortComms() {
-  std::unique_lock<std::timed_mutex> lock(callMu, std::defer_lock);
+  std::unique_lock<TimedLock> lock(callMu, std::defer_lock);
   if (!lock.try_lock_for(std::chrono::seconds(1))) {
     BRAID_LOG(kError, "nccl", opt.rank)
         << "an NCCL call has been running for over a second (a blocking communicator?): "
