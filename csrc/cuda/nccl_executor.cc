@@ -348,7 +348,8 @@ std::shared_ptr<NcclWork> NcclExecutor::runGroup(const std::vector<NcclOp>& ops)
                                            toString(first.dtype), " elements on device ", device)
                                : errorText(name, rank, "op ", seq, ", ", ops.size(), " ops from ",
                                            ncclOpName(first.kind), " on device ", device);
-  DeviceGuard guard(s.dev, device);
+  // No device switch here: eventCreate takes the device, and NCCL switches
+  // to the communicator's device itself while it enqueues.
   Event end = s.dev.eventCreate(device);
   // The work owns `end` from here. It joins the pending list only once `end`
   // is recorded: an event never recorded counts as complete.

@@ -180,9 +180,11 @@ bool NcclExecutorState::poll(NcclWork& w) {
 
 void NcclExecutorState::fail(FailKind kind, const std::string& cause, NcclWork* culprit) {
   std::vector<std::pair<std::shared_ptr<NcclWork>, std::exception_ptr>> failing;
+  bool first = false;
   {
     std::lock_guard<std::mutex> lock(mu);
     if (!failed) {
+      first = true;
       failed = true;
       failKind = kind;
       failText = cause;
@@ -198,7 +200,9 @@ void NcclExecutorState::fail(FailKind kind, const std::string& cause, NcclWork* 
     for (auto& f : failing) listed = listed || f.first.get() == culprit;
     if (!listed) finish(*culprit, makeError(kind, cause));
   }
-  BRAID_LOG(kWarn, "nccl", opt.rank) << cause << "; aborting the group's NCCL communicators";
+  if (first) {
+    BRAID_LOG(kWarn, "nccl", opt.rank) << cause << "; aborting the group's NCCL communicators";
+  }
   // Abort first: a work's failure callback may release its buffers, which
   // the kernels must no longer touch.
   abortComms();

@@ -6,6 +6,7 @@
 // (BRAID_NCCL_LIBRARY names one that is not on the loader's path).
 #include <gtest/gtest.h>
 
+#include <chrono>
 #include <cstdio>
 #include <vector>
 
@@ -107,6 +108,15 @@ void checkWorld1(bool blocking) {
   opt.timeout = std::chrono::milliseconds(120000);
   opt.blockingComm = blocking;
   NcclExecutor ex(*r.nccl, *r.dev, store, opt);
+  auto t0 = std::chrono::steady_clock::now();
+  {
+    NcclOp first;
+    first.count = 1;
+    EXPECT_EQ(runOne(*r.dev, ex, first, {1.0}, 1), std::vector<double>{1.0});
+  }
+  std::printf(
+      "the first op (making the communicator) took %.1f ms\n",
+      std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count());
   const size_t count = 1000;
   const DataType types[] = {DataType::kFloat32,  DataType::kFloat64, DataType::kFloat16,
                             DataType::kBFloat16, DataType::kInt8,    DataType::kUInt8,
@@ -142,6 +152,28 @@ void checkWorld1(bool blocking) {
   }
   EXPECT_EQ(ex.communicatorsCreated(), 1);
   ex.shutdown();
+}
+
+// abort() on a live communicator (ncclCommAbort), then shutdown(): both
+// return, and later ops fail at once.
+TEST(CudaNcclReal, World1AbortThenShutdown) {
+  Real r = loadReal();
+  if (!r.why.empty()) GTEST_SKIP() << r.why;
+  MemoryStore store;
+  NcclExecutor::Options opt;
+  opt.storePrefix = "real/abort/";
+  NcclExecutor ex(*r.nccl, *r.dev, store, opt);
+  NcclOp o;
+  o.count = 256;
+  EXPECT_EQ(runOne(*r.dev, ex, o, std::vector<double>(256, 2.0), 256),
+            std::vector<double>(256, 2.0));
+  auto t0 = std::chrono::steady_clock::now();
+  ex.abort("the test aborts");
+  EXPECT_THROW(ex.run(o), PeerLostError);
+  ex.shutdown();
+  std::printf(
+      "abort and shutdown took %.1f ms\n",
+      std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count());
 }
 
 TEST(CudaNcclReal, World1NonBlocking) { checkWorld1(false); }
