@@ -99,15 +99,19 @@ export PYTHONPATH="$repo/python${PYTHONPATH:+:$PYTHONPATH}"
 [[ $MODE == gpu && $INPLACE != 1 ]] && PYTHONPATH="$BUILD/py:$PYTHONPATH"
 export PYTHONUNBUFFERED=1 PYTHONFAULTHANDLER=1 OMP_NUM_THREADS=1 PYTHONDONTWRITEBYTECODE=1
 
-# Steps in order, with their limits (seconds): `--list` prints them.
-STEPS_GPU="env:30 gtest:60 build:270 import:60 py-errors:150 py-fast:120 smoke-w1:90
-smoke-w2:90 smoke-w4:100 cpp-*:90 py-test_cuda*:120 bench-coll-w2:75 bench-coll-w4:90
-bench-coll-w1:60 bench-ddp:90 memcheck-*:120 racecheck-*:90 examples:60"
-STEPS_NOGPU="env:30 syntax:30 build:5 import:30 globs:40 smoke-dry:30 smoke-cpu:60
-bench-nocuda:40 the-GPU-steps:skipped"
+# Steps in order, with their limits (seconds).
 if [[ ${1:-} == --list ]]; then
-  echo "GPU mode:";    for s in $STEPS_GPU; do echo "  ${s%%:*} (${s##*:} s)"; done
-  echo "no-GPU mode:"; for s in $STEPS_NOGPU; do echo "  ${s%%:*} (${s##*:} s)"; done
+  cat <<'EOF'
+GPU mode (limits in seconds; the whole run keeps to BRAID_GPU_BUDGET_S):
+  env 30, gtest 60, build 270 (BRAID_GPU_BUILD_LIMIT_S), import 60
+  background, CPU only: py-errors 150, py-fast 120, py-test_cuda*sim* 150 each
+  foreground: cpp-test_cuda* 90 each, smoke-w1 90, smoke-w2 90, smoke-w4 100,
+              py-test_cuda* (not sim) 120 each
+  after the background steps: bench-coll-w2 75, bench-coll-w4 90, bench-coll-w1 60,
+              bench-ddp 90, memcheck-* 120 each, racecheck-* 90 each, examples 60
+no-GPU mode: env 30, syntax 30, build (skipped: needs the in-place module), import 30,
+  globs 40, smoke-dry 30, smoke-cpu 60, bench-nocuda 40; every GPU step is skipped
+EOF
   exit 0
 fi
 OUT=${1:-${OUT:-}}
@@ -135,7 +139,7 @@ elapsed() { echo $((SECONDS - T0)); }
 record() {
   local idx=$1 st=$2 name=$3 secs=$4 reason=$5
   local line
-  line=$(printf '%-4s  %-26s %4ss  %s' "$st" "$name" "$secs" "$reason")
+  line=$(printf '%-4s  %-30s %4ss  %s' "$st" "$name" "$secs" "$reason")
   echo "$line" >"$STATUS/$(printf %03d "$idx")"
   echo "$line" >>"$SUMMARY"
   echo "[$(elapsed)s] $line"
@@ -377,7 +381,9 @@ s_import() {
     torch_braid.__file__); print(torch_braid.build_info())' || { echo "REASON: import torch_braid failed"; return 1; }
   "$PY" -m torch_braid.info || { echo "REASON: python -m torch_braid.info failed"; return 1; }
   local cuda
-  cuda=$("$PY" -m torch_braid.info 2>/dev/null | grep -iE 'cuda|nccl|kernel' | head -3 | tr -s ' ' | tr '\n' ';')
+  # The build block (up to the first blank line): its CUDA, NCCL and kernel lines.
+  cuda=$("$PY" -m torch_braid.info 2>/dev/null | sed '/^$/q' | grep -iE 'cuda|nccl|kernel' |
+    sed -E 's/^ +//; s/  +/ /g' | tr '\n' ';')
   echo "REASON: imports; info: ${cuda:-no CUDA line}"
 }
 
@@ -447,11 +453,12 @@ s_py_fast() {
 }
 
 s_smoke() {  # s_smoke WORLD LIMIT
-  "$PY" "$repo/tools/gpu_smoke.py" --world "$1" --timeout $(($2 - 10)) \
+  "$PY" "$repo/tools/gpu_smoke.py" --world "$1" --large --timeout $(($2 - 10)) \
     --json "$OUT/smoke-w$1.json"
   local rc=$?
   local line; line=$(grep -E '^gpu_smoke: (PASS|FAIL|SKIP)' "$OUT"/*-smoke-w"$1".log | tail -1)
-  [[ -n $line ]] && echo "REASON: ${line#gpu_smoke: }"
+  line=${line#gpu_smoke: }
+  [[ -n $line ]] && echo "REASON: ${line#SKIP: }"
   ((rc == 77)) && return 77
   return $rc
 }
@@ -461,7 +468,9 @@ gtest_counts() {  # the pass/fail/skip counts of a gtest log
   p=$(grep -aoE '^\[  PASSED  \] [0-9]+' "$log" | tail -1 | grep -oE '[0-9]+$')
   f=$(grep -aoE '^\[  FAILED  \] [0-9]+ test' "$log" | tail -1 | grep -oE '[0-9]+')
   s=$(grep -aoE '^\[  SKIPPED \] [0-9]+ test' "$log" | tail -1 | grep -oE '[0-9]+')
-  echo "${p:-0} passed, ${f:-0} failed, ${s:-0} skipped"
+  local names; names=$(grep -aE '^\[  FAILED  \] [A-Za-z_]' "$log" | sed -E 's/^\[  FAILED  \] //; s/ \(.*//' |
+    sort -u | head -4 | tr '\n' ' ')
+  echo "${p:-0} passed, ${f:-0} failed, ${s:-0} skipped${names:+ (failed: ${names% })}"
 }
 
 s_cpp() {  # s_cpp BINARY
@@ -516,12 +525,13 @@ s_bench_coll() {  # s_bench_coll NPROCS
   "$PY" "$repo/benchmarks/collectives.py" --nprocs "$1" --device cuda --quick --no-progress \
     --json "$OUT/bench-coll-w$1.json"
   local rc=$? log; log=$(ls "$OUT"/*-bench-coll-w"$1".log | tail -1)
-  "$PY" - "$OUT/bench-coll-w$1.json" <<'EOF'
+  "$PY" - "$OUT/bench-coll-w$1.json" "$log" <<'EOF'
 import json, sys
 try:
     run = json.load(open(sys.argv[1]))["runs"][0]
 except Exception as e:
-    print(f"REASON: no JSON ({e!r})")
+    said = [l.strip() for l in open(sys.argv[2], errors="replace") if l.startswith("bench: ")]
+    print(f"REASON: no results: {said[-1] if said else repr(e)}")
     sys.exit(0)
 cells = {}
 for r in run["results"]:
@@ -606,12 +616,19 @@ if [[ $MODE == gpu ]]; then
   step build "${BRAID_GPU_BUILD_LIMIT_S:-270}" s_build
   build_ok=$?
   if [[ $build_ok == 0 || $build_ok == 77 ]] && step import 60 s_import; then module=1; else module=0; fi
+  # Python test files on the simulated device run on the CPU: in the background with the
+  # CPU-only suites. The others drive the GPU: in the foreground, one at a time.
+  pyc=() pysim=()
+  for f in tests/python/test_cuda*.py; do
+    [[ -e $f ]] || continue
+    if [[ $(basename "$f") == *sim* ]]; then pysim+=("$(basename "$f")"); else pyc+=("$(basename "$f")"); fi
+  done
   if ((module)); then
     step_bg py-errors 150 s_py_errors
     step_bg py-fast 120 s_py_fast
-    for w in 1 2 4; do lim=$((w == 4 ? 100 : 90)); step "smoke-w$w" $lim s_smoke $w $lim; done
+    for f in "${pysim[@]}"; do step_bg "py-${f%.py}" 150 s_py_cuda "$f"; done
   else
-    for s in py-errors py-fast smoke-w1 smoke-w2 smoke-w4; do skip $s "torch_braid was not built or does not import"; done
+    for s in py-errors py-fast; do skip $s "torch_braid was not built or does not import"; done
   fi
   bins=()
   for b in "$BUILD"/test_cuda*; do [[ -x $b && -f $b ]] && bins+=("$b"); done
@@ -620,10 +637,14 @@ if [[ $MODE == gpu ]]; then
   else
     for b in "${bins[@]}"; do step "cpp-$(basename "$b")" 90 s_cpp "$b"; done
   fi
-  pyc=(tests/python/test_cuda*.py)
-  if [[ ! -e ${pyc[0]} ]]; then skip py-cuda "no tests/python/test_cuda*.py"
+  if ((module)); then
+    for w in 1 2 4; do lim=$((w == 4 ? 100 : 90)); step "smoke-w$w" $lim s_smoke $w $lim; done
+  else
+    for s in smoke-w1 smoke-w2 smoke-w4; do skip $s "torch_braid was not built or does not import"; done
+  fi
+  if ((${#pyc[@]} + ${#pysim[@]} == 0)); then skip py-cuda "no tests/python/test_cuda*.py"
   elif ((module)); then
-    for f in "${pyc[@]}"; do step "py-$(basename "$f" .py)" 120 s_py_cuda "$(basename "$f")"; done
+    for f in "${pyc[@]}"; do step "py-${f%.py}" 120 s_py_cuda "$f"; done
   else skip py-cuda "torch_braid was not built or does not import"; fi
   wait_bg  # the benchmarks run on a quiet machine
   if ((module)); then

@@ -102,7 +102,9 @@ class Checks:
     def equal(self, what, got, want):
         import torch
 
-        g, w = got.detach().cpu(), want.detach().cpu()  # .cpu() waits on the current stream
+        # Compared where the output lives, in the current stream's order: an op whose result
+        # is not ready for the current stream shows up here as wrong values.
+        g, w = got.detach(), want.detach().to(got.device)
         if g.shape != w.shape:
             self.fail(f"{what}: shape {tuple(g.shape)}, expected {tuple(w.shape)}")
             return
@@ -116,7 +118,8 @@ class Checks:
             i = int(bad.flatten().nonzero()[0])
             n_bad = int(bad.sum())
             self.fail(f"{what}: {n_bad} of {g.numel()} elements wrong; element {i} is "
-                      f"{g.flatten()[i].item()!r}, expected {w.flatten()[i].item()!r}")
+                      f"{g.flatten()[i].item()!r}, expected {w.flatten()[i].item()!r} (and "
+                      f"{torch.unique(g.flatten()[bad.flatten()])[:5].tolist()} among the wrong)")
         else:
             self.passed += 1
 
