@@ -21,12 +21,15 @@
 #              copied into python/torch_braid/ (this checkout is the machine's copy), then
 #              the C++ targets test_cuda_* (globbed: later tests are picked up)
 #   import     import torch_braid; python -m torch_braid.info
-#   py-errors  tests/python/test_error_exit.py (the torch 2.11 SIGSEGV check), in the
-#   py-fast    background with a short fast-tier subset, while the GPU steps run
+#   in the background, while the GPU steps run (CPU only):
+#     py-errors  tests/python/test_error_exit.py (the torch 2.11 SIGSEGV check), 4 pytests at once
+#     py-fast    a short fast-tier subset (pooled worlds, forkserver)
+#     py-NAME    tests/python/test_cuda*sim*.py (the simulated device)
+#   cpp-NAME   each test_cuda_* binary, on the device (BRAID_EXPECT_GPU=1: a test that finds no
+#              CUDA runtime or GPU fails instead of skipping)
 #   smoke-wN   tools/gpu_smoke.py: worlds of 1, 2 and 4 ranks on CUDA tensors (closed forms,
 #              stream order, async, DDP against gloo's CUDA run)
-#   cpp-NAME   each test_cuda_* binary, on the device
-#   py-NAME    each tests/python/test_cuda*.py, BRAID_TEST_REAL_CUDA=1
+#   py-NAME    each other tests/python/test_cuda*.py (BRAID_TEST_REAL_CUDA=1, BRAID_EXPECT_GPU=1)
 #   bench-*    benchmarks/collectives.py --device cuda --quick at 1, 2, 4 ranks, then
 #              benchmarks/ddp.py --device cuda --quick (4 ranks), after the background steps
 #   memcheck-*, racecheck-*   compute-sanitizer over the test binaries that drive the device
@@ -476,7 +479,7 @@ gtest_counts() {  # the pass/fail/skip counts of a gtest log
 s_cpp() {  # s_cpp BINARY
   export LD_LIBRARY_PATH; LD_LIBRARY_PATH="$(torch_libdirs)${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
   local name; name=$(basename "$1")
-  BRAID_TEST_REAL_CUDA=1 "$1" --gtest_output="xml:$OUT/$name.xml"
+  BRAID_EXPECT_GPU=$GPU_SEEN BRAID_TEST_REAL_CUDA=1 "$1" --gtest_output="xml:$OUT/$name.xml"
   local rc=$?
   echo "REASON: $(gtest_counts "$(ls "$OUT"/*-cpp-"$name".log | tail -1)")"
   return $rc
@@ -486,7 +489,7 @@ s_sanitize() {  # s_sanitize TOOL BINARY
   command -v compute-sanitizer >/dev/null || { echo "SKIP: compute-sanitizer not found"; return 77; }
   export LD_LIBRARY_PATH; LD_LIBRARY_PATH="$(torch_libdirs)${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
   local name; name=$(basename "$2")
-  BRAID_TEST_REAL_CUDA=1 compute-sanitizer --tool "$1" --error-exitcode 66 \
+  BRAID_EXPECT_GPU=$GPU_SEEN BRAID_TEST_REAL_CUDA=1 compute-sanitizer --tool "$1" --error-exitcode 66 \
     "$2" --gtest_filter="${BRAID_GPU_SANITIZE_FILTER:-*}"
   local rc=$? log; log=$(ls "$OUT"/*-"$1"-"$name".log | tail -1)
   local errs; errs=$(grep -aE '========= (ERROR SUMMARY|RACECHECK SUMMARY)' "$log" | tail -1 |
@@ -497,7 +500,8 @@ s_sanitize() {  # s_sanitize TOOL BINARY
 
 s_py_cuda() {  # s_py_cuda FILE
   cd "$repo" || return 1
-  BRAID_TEST_REAL_CUDA=1 BRAID_TEST_START_METHOD=forkserver run_pytest -q -rfs "tests/python/$1"
+  BRAID_EXPECT_GPU=$GPU_SEEN BRAID_TEST_REAL_CUDA=1 BRAID_TEST_START_METHOD=forkserver \
+    run_pytest -q -rfs "tests/python/$1"
 }
 
 s_examples() {
