@@ -727,7 +727,7 @@ def cuda_targets(results, n, gpus):
             v = (a["time_us"] / b["time_us"] if kind == "time" else b["time_us"] / a["time_us"])
             met = v <= thr if kind == "time" else v >= thr
             checks.append(dict(target=what, point=point, value=v, threshold=thr, met=met,
-                               kind=kind))
+                               kind=kind, other=other))
     return checks
 
 
@@ -739,8 +739,8 @@ def print_cuda_targets(checks, n):
         if c["met"] is None:
             print(f"  {c['target']}: {c['point']}: n/a ({c['why']})")
             continue
-        rel, ratio = ("<=", "braid/other time") if c["kind"] == "time" else \
-            (">=", "other/braid time")
+        rel, ratio = ("<=", f"braid/{c['other']} time") if c["kind"] == "time" else \
+            (">=", f"{c['other']}/braid time")
         print(f"  {c['target']}: {c['point']}: {ratio} {c['value']:.2f} (target {rel} "
               f"{c['threshold']}): {'met' if c['met'] else 'NOT met'}")
 
