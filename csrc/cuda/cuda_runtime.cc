@@ -1,12 +1,283 @@
-// cudaRuntime(): placeholder until the dlopen-based implementation lands.
+// cudaRuntime(): DeviceApi over the CUDA runtime torch loaded (Note [Loading
+// the CUDA runtime] in cudart.cc). Every call is checked; an error names the
+// CUDA function, its arguments and the runtime's message.
+//
+// Note [The current device]
+// cudaSetDevice is per host thread, and CUDA creates a device's primary
+// context (hundreds of MiB on that GPU) when a thread first uses the device.
+// - Calls that take a device (streamCreate, eventCreate, deviceAlloc) and
+//   reduceAsync (a kernel launch must go to a stream of the current device)
+//   switch to that device for the call and back afterwards, like torch's
+//   CUDAGuard. They do not switch back when the previous device has no
+//   primary context yet: that would create one (the classic "every rank
+//   allocates on GPU 0"); the thread then stays on the new device.
+// - The other calls take a stream or event, whose device CUDA knows; they do
+//   not change the current device. A thread that makes them (a worker thread
+//   especially) should call setDevice(device) first, so that CUDA has no
+//   reason to initialize device 0 on it.
+// - deviceUuid and deviceCount need no current device.
+#include <cstdio>
+#include <cstring>
+#include <memory>
+#include <mutex>
+#include <unordered_map>
+#include <vector>
+
 #include "common/error.h"
+#include "cuda/cuda_kernels.h"
+#include "cuda/cudart.h"
 #include "cuda/device_api.h"
 
 namespace braid {
 namespace cuda {
+namespace {
+
+class DeviceGuard {
+ public:
+  DeviceGuard(const rt::Runtime& r, int device) : r_(r) {
+    BRAID_CUDART(r.f.getDevice(&previous_), "cudaGetDevice");
+    if (previous_ != device) {
+      BRAID_CUDART(r.f.setDevice(device), "cudaSetDevice(", device, ")");
+      changed_ = true;
+    }
+  }
+  ~DeviceGuard() {
+    // Errors cannot be thrown from here; a failed switch back leaves the
+    // thread on the guard's device, which the next CUDA call reports if bad.
+    if (changed_ && rt::primaryContextMayExist(r_, previous_)) r_.f.setDevice(previous_);
+  }
+  DeviceGuard(const DeviceGuard&) = delete;
+  DeviceGuard& operator=(const DeviceGuard&) = delete;
+
+ private:
+  const rt::Runtime& r_;
+  int previous_ = 0;
+  bool changed_ = false;
+};
+
+class CudaRuntime final : public DeviceApi {
+ public:
+  explicit CudaRuntime(const rt::Runtime& r) : r_(r), f_(r.f) {}
+
+  std::string name() const override {
+    return strCat("cuda runtime ", r_.version / 1000, ".", r_.version % 1000 / 10, " (",
+                  r_.soname, ")");
+  }
+  bool simulated() const override { return false; }
+
+  int deviceCount() override {
+    int n = 0;
+    BRAID_CUDART(f_.getDeviceCount(&n), "cudaGetDeviceCount");
+    return n;
+  }
+  int getDevice() override {
+    int d = 0;
+    BRAID_CUDART(f_.getDevice(&d), "cudaGetDevice");
+    return d;
+  }
+  void setDevice(int device) override {
+    BRAID_CUDART(f_.setDevice(device), "cudaSetDevice(", device, ")");
+  }
+
+  std::string deviceUuid(int device) override {
+    std::lock_guard<std::mutex> lk(mu_);
+    auto it = uuids_.find(device);
+    if (it != uuids_.end()) return it->second;
+    std::vector<unsigned char> prop(rt::kPropBufferBytes, 0);
+    BRAID_CUDART(f_.getDeviceProperties(prop.data(), device), "cudaGetDeviceProperties(device=",
+                 device, ")");
+    static const char kHex[] = "0123456789abcdef";
+    std::string uuid;
+    for (size_t i = 0; i < 16; ++i) {
+      const unsigned char b = prop[rt::kPropUuidOffset + i];
+      uuid += kHex[b >> 4];
+      uuid += kHex[b & 15];
+    }
+    if (uuid == std::string(32, '0')) {
+      throw Error(strCat("braid: cudaGetDeviceProperties(device=", device,
+                         ") reported an all-zero UUID; braid cannot tell which ranks share "
+                         "this GPU"));
+    }
+    uuids_[device] = uuid;
+    return uuid;
+  }
+
+  Stream streamCreate(int device) override {
+    DeviceGuard guard(r_, device);
+    rt::StreamT s = nullptr;
+    BRAID_CUDART(f_.streamCreateWithFlags(&s, rt::kStreamNonBlocking),
+                 "cudaStreamCreateWithFlags(device=", device, ", cudaStreamNonBlocking)");
+    return s;
+  }
+  void streamDestroy(Stream s) override {
+    if (s == nullptr) throw Error("braid: cudaStreamDestroy(null): the default stream");
+    BRAID_CUDART(f_.streamDestroy(s), "cudaStreamDestroy(", s, ")");
+    std::lock_guard<std::mutex> lk(mu_);
+    hostFuncErrors_.erase(s);
+  }
+  void streamSynchronize(Stream s) override {
+    BRAID_CUDART(f_.streamSynchronize(s), "cudaStreamSynchronize(", s, ")");
+    throwHostFuncError(s);
+  }
+  bool streamQuery(Stream s) override {
+    const rt::Status err = f_.streamQuery(s);
+    if (err == rt::kErrorNotReady) {
+      f_.getLastError();  // not an error: clear it, as torch's CUDAStream::query does
+      return false;
+    }
+    BRAID_CUDART(err, "cudaStreamQuery(", s, ")");
+    throwHostFuncError(s);
+    return true;
+  }
+
+  Event eventCreate(int device) override {
+    DeviceGuard guard(r_, device);
+    rt::EventT e = nullptr;
+    BRAID_CUDART(f_.eventCreateWithFlags(&e, rt::kEventDisableTiming),
+                 "cudaEventCreateWithFlags(device=", device, ", cudaEventDisableTiming)");
+    return e;
+  }
+  void eventDestroy(Event e) override {
+    BRAID_CUDART(f_.eventDestroy(e), "cudaEventDestroy(", e, ")");
+  }
+  void eventRecord(Event e, Stream s) override {
+    BRAID_CUDART(f_.eventRecord(e, s), "cudaEventRecord(event=", e, ", stream=", s, ")");
+  }
+  void streamWaitEvent(Stream s, Event e) override {
+    BRAID_CUDART(f_.streamWaitEvent(s, e, rt::kEventWaitDefault), "cudaStreamWaitEvent(stream=",
+                 s, ", event=", e, ")");
+  }
+  bool eventQuery(Event e) override {
+    const rt::Status err = f_.eventQuery(e);
+    if (err == rt::kErrorNotReady) {
+      f_.getLastError();
+      return false;
+    }
+    BRAID_CUDART(err, "cudaEventQuery(", e, ")");
+    return true;
+  }
+  void eventSynchronize(Event e) override {
+    BRAID_CUDART(f_.eventSynchronize(e), "cudaEventSynchronize(", e, ")");
+  }
+
+  void memcpyAsync(void* dst, const void* src, size_t bytes, Stream s) override {
+    if (bytes == 0) return;
+    BRAID_CUDART(f_.memcpyAsync(dst, src, bytes, rt::kMemcpyDefault, s), "cudaMemcpyAsync(dst=",
+                 dst, ", src=", src, ", bytes=", bytes, ", cudaMemcpyDefault, stream=", s, ")");
+  }
+
+  // Size 0 gives nullptr without asking CUDA (freeing nullptr is a no-op),
+  // as on the simulated device.
+  void* hostAlloc(size_t bytes) override {
+    if (bytes == 0) return nullptr;
+    void* p = nullptr;
+    BRAID_CUDART(f_.hostAlloc(&p, bytes, rt::kHostAllocPortable), "cudaHostAlloc(", bytes,
+                 " bytes, cudaHostAllocPortable)");
+    return p;
+  }
+  void hostFree(void* p) override {
+    if (p == nullptr) return;
+    BRAID_CUDART(f_.freeHost(p), "cudaFreeHost(", p, ")");
+  }
+  void* deviceAlloc(int device, size_t bytes) override {
+    if (bytes == 0) return nullptr;
+    DeviceGuard guard(r_, device);
+    void* p = nullptr;
+    BRAID_CUDART(f_.malloc(&p, bytes), "cudaMalloc(device=", device, ", ", bytes, " bytes)");
+    return p;
+  }
+  void deviceFree(void* p) override {
+    if (p == nullptr) return;
+    BRAID_CUDART(f_.free(p), "cudaFree(", p, ")");
+  }
+
+  void reduceAsync(DataType type, ReduceOp op, void* dst, const void* src, size_t count,
+                   Stream s) override {
+    // The launch must go to the stream's device (Note [The current device]).
+    int device = -1;
+    if (s != nullptr && f_.streamGetDevice != nullptr) {
+      BRAID_CUDART(f_.streamGetDevice(s, &device), "cudaStreamGetDevice(", s, ")");
+    } else {
+      device = getDevice();  // the null stream, or a runtime without cudaStreamGetDevice
+    }
+    DeviceGuard guard(r_, device);
+    launchReduce(r_, type, op, dst, src, count, s);
+  }
+
+  void setStreamDelay(Stream, std::chrono::microseconds) override {
+    throw Error("braid: setStreamDelay is for tests on the simulated device only");
+  }
+
+  // The function runs on a CUDA runtime thread and must not call CUDA. An
+  // exception it throws is kept and thrown by the next streamSynchronize or
+  // streamQuery of `s` (CUDA has no way to fail a stream from a host func).
+  void launchHostFunc(Stream s, std::function<void()> fn) override {
+    if (!fn) throw Error("braid: launchHostFunc: empty function");
+    auto call = std::make_unique<HostCall>(HostCall{this, s, std::move(fn)});
+    BRAID_CUDART(f_.launchHostFunc(s, &CudaRuntime::runHostCall, call.get()),
+                 "cudaLaunchHostFunc(stream=", s, ")");
+    call.release();  // runHostCall deletes it
+  }
+
+ private:
+  struct HostCall {
+    CudaRuntime* self;
+    Stream stream;
+    std::function<void()> fn;
+  };
+
+  static void runHostCall(void* p) {
+    std::unique_ptr<HostCall> call(static_cast<HostCall*>(p));
+    try {
+      call->fn();
+    } catch (const std::exception& e) {
+      call->self->keepHostFuncError(call->stream, e.what());
+    } catch (...) {
+      call->self->keepHostFuncError(call->stream, "an exception that is not a std::exception");
+    }
+  }
+
+  void keepHostFuncError(Stream s, const std::string& what) {
+    std::lock_guard<std::mutex> lk(mu_);
+    auto& slot = hostFuncErrors_[s];
+    if (slot.empty()) slot = strCat("braid: launchHostFunc on stream ", s, " failed: ", what);
+  }
+
+  void throwHostFuncError(Stream s) {
+    std::lock_guard<std::mutex> lk(mu_);
+    auto it = hostFuncErrors_.find(s);
+    if (it != hostFuncErrors_.end()) throw Error(it->second);  // sticky, as CUDA's errors
+  }
+
+  const rt::Runtime& r_;
+  const rt::Functions& f_;
+  std::mutex mu_;  // the maps below
+  std::unordered_map<int, std::string> uuids_;
+  std::unordered_map<Stream, std::string> hostFuncErrors_;
+};
+
+}  // namespace
 
 DeviceApi& cudaRuntime() {
-  throw Error("braid: CUDA tensors need the CUDA runtime, which this build does not load yet");
+  // Built once; a failure (no runtime, no driver, no GPU) is remembered and
+  // thrown again. Never destroyed (Note [Loading the CUDA runtime]).
+  static std::mutex mu;
+  static CudaRuntime* device = nullptr;
+  static std::string failure;
+  std::lock_guard<std::mutex> lk(mu);
+  if (device != nullptr) return *device;
+  if (!failure.empty()) throw Error(failure);
+  try {
+    const rt::Runtime& r = rt::runtime();
+    int n = 0;
+    BRAID_CUDART(r.f.getDeviceCount(&n), "cudaGetDeviceCount (", r.soname, ")");
+    if (n < 1) throw Error(strCat("braid: the CUDA runtime (", r.soname, ") sees no GPU"));
+    device = new CudaRuntime(r);
+  } catch (const Error& e) {
+    failure = e.what();
+    throw;
+  }
+  return *device;
 }
 
 }  // namespace cuda

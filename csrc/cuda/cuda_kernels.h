@@ -1,0 +1,24 @@
+// Launching kernels.cu's kernels on a real GPU: the fatbin embedded at build
+// time (cmake/CudaKernels.cmake), loaded at first use.
+#pragma once
+
+#include <cstddef>
+
+#include "common/types.h"
+#include "cuda/cudart.h"
+
+namespace braid {
+namespace cuda {
+
+// Whether this build has the fatbin (nvcc was found at configure time).
+bool haveKernels();
+
+// Launches dst = op(dst, src) over count elements on `stream`, which must
+// belong to the current device. Arguments as checkReduceArgs accepts them.
+// Throws braid::Error when the build has no kernels, the runtime has no
+// library API (CUDA < 12.0), or the launch fails.
+void launchReduce(const rt::Runtime& r, DataType type, ReduceOp op, void* dst, const void* src,
+                  size_t count, rt::StreamT stream);
+
+}  // namespace cuda
+}  // namespace braid

@@ -1,0 +1,357 @@
+// cudaRuntime() on a real GPU: streams, events, copies in every direction,
+// and every reduce kernel against the CPU's bits. Where no CUDA runtime or
+// GPU loads, every test skips with the reason (or fails, when
+// BRAID_EXPECT_GPU=1 says a GPU was expected: tools/gpu_check.sh sets it).
+//
+// The tests named CudaRuntimeErrors.* make CUDA calls fail on purpose; run
+// under compute-sanitizer, leave them out (--gtest_filter=-CudaRuntimeErrors.*),
+// since the sanitizer counts every failed API call as an error.
+// A C++ program has no torch to load libcudart first: set
+// BRAID_CUDART_LIBRARY to its path when it is not on the loader's path
+// (a pip wheel keeps it in site-packages/nvidia/cu13/lib).
+#include <gtest/gtest.h>
+
+#include <atomic>
+#include <chrono>
+#include <cstdint>
+#include <cstdlib>
+#include <cstring>
+#include <random>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "common/error.h"
+#include "cuda/cuda_kernels.h"
+#include "cuda/device_api.h"
+#include "cuda/host_kernels.h"
+#include "reduce/reduce.h"
+
+namespace braid {
+namespace cuda {
+namespace {
+
+DeviceApi* loadRuntime(std::string* why) {
+  try {
+    return &cudaRuntime();
+  } catch (const Error& e) {
+    *why = e.what();
+    return nullptr;
+  }
+}
+
+#define BRAID_NEED_GPU()                                                             \
+  std::string why_;                                                                  \
+  DeviceApi* api = loadRuntime(&why_);                                               \
+  if (api == nullptr) {                                                              \
+    const char* expect_ = std::getenv("BRAID_EXPECT_GPU");                           \
+    if (expect_ != nullptr && std::string(expect_) == "1") FAIL() << why_;           \
+    GTEST_SKIP() << "no CUDA runtime or GPU here: " << why_;                         \
+  }                                                                                  \
+  DeviceApi& d = *api;                                                               \
+  d.setDevice(0)
+
+constexpr DataType kAllTypes[] = {DataType::kFloat32,  DataType::kFloat64, DataType::kFloat16,
+                                  DataType::kBFloat16, DataType::kInt8,    DataType::kUInt8,
+                                  DataType::kInt16,    DataType::kInt32,   DataType::kInt64,
+                                  DataType::kBool};
+constexpr ReduceOp kOps[] = {ReduceOp::kSum, ReduceOp::kProduct, ReduceOp::kMin, ReduceOp::kMax,
+                             ReduceOp::kBand, ReduceOp::kBor, ReduceOp::kBxor};
+
+// Random bytes for `type`: any bit pattern for integers and a quarter of the
+// floats (NaN, inf, subnormals included), ordinary values for the rest.
+std::vector<uint8_t> randomBytes(DataType type, size_t count, uint64_t seed) {
+  std::mt19937_64 rng(seed);
+  const size_t size = elementSize(type);
+  std::vector<uint8_t> bytes(count * size + 8);
+  for (size_t i = 0; i < count; ++i) {
+    uint64_t r = rng();
+    if (isFloating(type) && rng() % 4 != 0) {
+      const float v = static_cast<float>(static_cast<int64_t>(r % 4001) - 2000) / 64.f;
+      if (type == DataType::kFloat64) {
+        const double dv = v;
+        std::memcpy(&r, &dv, 8);
+      } else if (type == DataType::kFloat32) {
+        std::memcpy(&r, &v, 4);
+      } else {
+        uint32_t u;
+        std::memcpy(&u, &v, 4);
+        r = u >> 16;  // bf16 truncation; for fp16 just some bit pattern
+      }
+    }
+    std::memcpy(bytes.data() + i * size, &r, size);
+  }
+  return bytes;
+}
+
+TEST(CudaRuntime, Identity) {
+  BRAID_NEED_GPU();
+  EXPECT_FALSE(d.simulated());
+  EXPECT_NE(d.name().find("cuda runtime"), std::string::npos) << d.name();
+  std::printf("%s, %d device(s)\n", d.name().c_str(), d.deviceCount());
+  ASSERT_GE(d.deviceCount(), 1);
+  EXPECT_EQ(d.getDevice(), 0);
+  const std::string uuid = d.deviceUuid(0);
+  std::printf("device 0 uuid %s\n", uuid.c_str());
+  ASSERT_EQ(uuid.size(), 32u);
+  EXPECT_EQ(uuid.find_first_not_of("0123456789abcdef"), std::string::npos);
+  EXPECT_EQ(d.deviceUuid(0), uuid);
+  for (int i = 1; i < d.deviceCount(); ++i) EXPECT_NE(d.deviceUuid(i), uuid);
+}
+
+TEST(CudaRuntime, StreamsAndEvents) {
+  BRAID_NEED_GPU();
+  Stream s = d.streamCreate(0), t = d.streamCreate(0);
+  Event e = d.eventCreate(0);
+  EXPECT_TRUE(d.eventQuery(e));  // never recorded
+  EXPECT_TRUE(d.streamQuery(s));
+  // A host function holds s back; t waits on an event recorded behind it.
+  std::atomic<int> step{0};
+  d.launchHostFunc(s, [&] {
+    std::this_thread::sleep_for(std::chrono::milliseconds(100));
+    step = 1;
+  });
+  d.eventRecord(e, s);
+  d.streamWaitEvent(t, e);
+  int seen = -1;
+  d.launchHostFunc(t, [&] { seen = step.load(); });
+  EXPECT_FALSE(d.streamQuery(s));
+  EXPECT_FALSE(d.eventQuery(e));
+  d.streamSynchronize(t);
+  EXPECT_EQ(seen, 1);
+  d.eventSynchronize(e);
+  EXPECT_TRUE(d.eventQuery(e));
+  d.eventDestroy(e);
+  d.streamDestroy(s);
+  d.streamDestroy(t);
+}
+
+// H2D, D2D, D2H, ordered across streams by an event; the producer is held
+// back by a host function so that a missing wait would read old data.
+TEST(CudaRuntime, CopiesInEveryDirection) {
+  BRAID_NEED_GPU();
+  const size_t bytes = (64 << 20) + 3;
+  Stream producer = d.streamCreate(0), consumer = d.streamCreate(0);
+  Event ready = d.eventCreate(0);
+  auto* host = static_cast<uint8_t*>(d.hostAlloc(bytes));
+  auto* back = static_cast<uint8_t*>(d.hostAlloc(bytes));
+  void* d1 = d.deviceAlloc(0, bytes);
+  void* d2 = d.deviceAlloc(0, bytes);
+  for (size_t i = 0; i < bytes; ++i) host[i] = static_cast<uint8_t>(i * 131 + 7);
+  std::memset(back, 0, bytes);
+  d.memcpyAsync(d2, back, bytes, consumer);  // d2 = zeros
+  d.streamSynchronize(consumer);
+  d.launchHostFunc(producer, [] { std::this_thread::sleep_for(std::chrono::milliseconds(50)); });
+  d.memcpyAsync(d1, host, bytes, producer);  // H2D
+  d.eventRecord(ready, producer);
+  d.streamWaitEvent(consumer, ready);
+  d.memcpyAsync(d2, d1, bytes, consumer);    // D2D
+  d.memcpyAsync(back, d2, bytes, consumer);  // D2H
+  d.streamSynchronize(consumer);
+  EXPECT_EQ(std::memcmp(host, back, bytes), 0);
+  // Pageable host memory works too (cudaMemcpyDefault), on the null stream.
+  std::vector<uint8_t> pageable(4096, 0);
+  d.memcpyAsync(pageable.data(), d1, pageable.size(), nullptr);
+  d.streamSynchronize(nullptr);
+  EXPECT_EQ(std::memcmp(pageable.data(), host, pageable.size()), 0);
+  d.hostFree(host);
+  d.hostFree(back);
+  d.deviceFree(d1);
+  d.deviceFree(d2);
+  d.eventDestroy(ready);
+  d.streamDestroy(producer);
+  d.streamDestroy(consumer);
+}
+
+// Every kernel against the CPU's bits (hostReduce, which test_cuda_kernels
+// checks against reduce::reduceN), out of place and in place, over counts
+// that cover a partial block and a capped, grid-strided grid.
+TEST(CudaRuntime, ReduceKernelsMatchTheCpu) {
+  BRAID_NEED_GPU();
+  if (!haveKernels()) GTEST_SKIP() << "this build has no CUDA kernels (built without nvcc)";
+  Stream s = d.streamCreate(0);
+  const size_t counts[] = {1, 255, 1001, (size_t{3} << 20) + 5};
+  const size_t maxBytes = counts[3] * 8;
+  void* dDst = d.deviceAlloc(0, maxBytes);
+  void* dSrc = d.deviceAlloc(0, maxBytes);
+  auto* pinned = static_cast<uint8_t*>(d.hostAlloc(maxBytes));
+  int checked = 0;
+  for (DataType t : kAllTypes) {
+    for (ReduceOp op : kOps) {
+      if (!reduce::supported(t, op)) continue;
+      for (size_t n : counts) {
+        const size_t bytes = n * elementSize(t);
+        const auto a = randomBytes(t, n, n + 11 * static_cast<int>(t));
+        const auto b = randomBytes(t, n, n + 13 * static_cast<int>(op) + 5);
+        d.memcpyAsync(dDst, a.data(), bytes, s);
+        d.memcpyAsync(dSrc, b.data(), bytes, s);
+        d.reduceAsync(t, op, dDst, dSrc, n, s);
+        d.memcpyAsync(pinned, dDst, bytes, s);
+        d.streamSynchronize(s);
+        std::vector<uint8_t> want = a;
+        hostReduce(t, op, want.data(), b.data(), n);
+        ASSERT_EQ(std::memcmp(want.data(), pinned, bytes), 0)
+            << toString(t) << " " << toString(op) << " n=" << n;
+
+        d.reduceAsync(t, op, dSrc, dSrc, n, s);  // in place
+        d.memcpyAsync(pinned, dSrc, bytes, s);
+        d.streamSynchronize(s);
+        want = b;
+        hostReduce(t, op, want.data(), want.data(), n);
+        ASSERT_EQ(std::memcmp(want.data(), pinned, bytes), 0)
+            << "in place " << toString(t) << " " << toString(op) << " n=" << n;
+        ++checked;
+      }
+    }
+  }
+  EXPECT_EQ(checked, 58 * 4);
+  // The null stream, and a count of 0 (launches nothing).
+  d.reduceAsync(DataType::kInt32, ReduceOp::kSum, dDst, dSrc, 0, nullptr);
+  d.reduceAsync(DataType::kInt32, ReduceOp::kSum, dDst, dSrc, 100, nullptr);
+  d.streamSynchronize(nullptr);
+  d.hostFree(pinned);
+  d.deviceFree(dDst);
+  d.deviceFree(dSrc);
+  d.streamDestroy(s);
+}
+
+// Closed forms through the GPU: a = i % 11, b = 3 + i % 5, int32 and fp32.
+TEST(CudaRuntime, ReduceClosedForms) {
+  BRAID_NEED_GPU();
+  if (!haveKernels()) GTEST_SKIP() << "this build has no CUDA kernels (built without nvcc)";
+  const size_t n = 100003;
+  std::vector<int32_t> a(n), b(n), out(n);
+  std::vector<float> fa(n), fb(n), fout(n);
+  for (size_t i = 0; i < n; ++i) {
+    a[i] = static_cast<int32_t>(i % 11);
+    b[i] = static_cast<int32_t>(3 + i % 5);
+    fa[i] = static_cast<float>(a[i]);
+    fb[i] = static_cast<float>(b[i]);
+  }
+  void* da = d.deviceAlloc(0, n * 4);
+  void* db = d.deviceAlloc(0, n * 4);
+  for (ReduceOp op : {ReduceOp::kSum, ReduceOp::kProduct, ReduceOp::kMin, ReduceOp::kMax,
+                      ReduceOp::kBxor}) {
+    d.memcpyAsync(da, a.data(), n * 4, nullptr);
+    d.memcpyAsync(db, b.data(), n * 4, nullptr);
+    d.reduceAsync(DataType::kInt32, op, da, db, n, nullptr);
+    d.memcpyAsync(out.data(), da, n * 4, nullptr);
+    const bool fl = op != ReduceOp::kBxor;
+    if (fl) {
+      d.memcpyAsync(da, fa.data(), n * 4, nullptr);
+      d.memcpyAsync(db, fb.data(), n * 4, nullptr);
+      d.reduceAsync(DataType::kFloat32, op, da, db, n, nullptr);
+      d.memcpyAsync(fout.data(), da, n * 4, nullptr);
+    }
+    d.streamSynchronize(nullptr);
+    for (size_t i = 0; i < n; ++i) {
+      const int32_t x = a[i], y = b[i];
+      const int32_t want = op == ReduceOp::kSum       ? x + y
+                           : op == ReduceOp::kProduct ? x * y
+                           : op == ReduceOp::kMin     ? std::min(x, y)
+                           : op == ReduceOp::kMax     ? std::max(x, y)
+                                                      : x ^ y;
+      ASSERT_EQ(out[i], want) << toString(op) << " i=" << i;
+      if (fl) {
+        ASSERT_EQ(fout[i], static_cast<float>(want)) << toString(op) << " i=" << i;
+      }
+    }
+  }
+  d.deviceFree(da);
+  d.deviceFree(db);
+}
+
+// A stream of device 1 used from a thread whose current device is 0: the
+// launch goes to device 1 and the thread is back on device 0 afterwards.
+TEST(CudaRuntime, SecondDevice) {
+  BRAID_NEED_GPU();
+  if (d.deviceCount() < 2) GTEST_SKIP() << "one GPU";
+  if (!haveKernels()) GTEST_SKIP() << "this build has no CUDA kernels (built without nvcc)";
+  Stream s1 = d.streamCreate(1);
+  EXPECT_EQ(d.getDevice(), 0);
+  int32_t host[4] = {1, 2, 3, 4};
+  void* p = d.deviceAlloc(1, sizeof(host));
+  EXPECT_EQ(d.getDevice(), 0);
+  d.memcpyAsync(p, host, sizeof(host), s1);
+  d.reduceAsync(DataType::kInt32, ReduceOp::kSum, p, p, 4, s1);
+  d.memcpyAsync(host, p, sizeof(host), s1);
+  d.streamSynchronize(s1);
+  EXPECT_EQ(d.getDevice(), 0);
+  EXPECT_EQ(host[3], 8);
+  d.deviceFree(p);
+  d.streamDestroy(s1);
+}
+
+TEST(CudaRuntime, ThreadsWithTheirOwnStreams) {
+  BRAID_NEED_GPU();
+  if (!haveKernels()) GTEST_SKIP() << "this build has no CUDA kernels (built without nvcc)";
+  std::atomic<int> failures{0};
+  std::vector<std::thread> threads;
+  for (int r = 0; r < 4; ++r) {
+    threads.emplace_back([&, r] {
+      d.setDevice(0);  // as a worker thread should (Note [The current device])
+      Stream s = d.streamCreate(0);
+      std::vector<int64_t> v(1 << 16, r), out(v.size());
+      void* p = d.deviceAlloc(0, v.size() * 8);
+      d.memcpyAsync(p, v.data(), v.size() * 8, s);
+      for (int k = 0; k < 10; ++k) d.reduceAsync(DataType::kInt64, ReduceOp::kSum, p, p, v.size(), s);
+      d.memcpyAsync(out.data(), p, v.size() * 8, s);
+      d.streamSynchronize(s);
+      for (int64_t x : out) failures += x != r * 1024;
+      d.deviceFree(p);
+      d.streamDestroy(s);
+    });
+  }
+  for (auto& t : threads) t.join();
+  EXPECT_EQ(failures.load(), 0);
+}
+
+TEST(CudaRuntime, HostFuncErrorsAreSticky) {
+  BRAID_NEED_GPU();
+  Stream s = d.streamCreate(0);
+  d.launchHostFunc(s, [] { throw std::runtime_error("boom"); });
+  for (int i = 0; i < 2; ++i) {
+    try {
+      d.streamSynchronize(s);
+      FAIL() << "no error";
+    } catch (const Error& e) {
+      EXPECT_NE(std::string(e.what()).find("boom"), std::string::npos) << e.what();
+    }
+  }
+  d.streamDestroy(s);
+  EXPECT_THROW(d.setStreamDelay(nullptr, std::chrono::microseconds(1)), Error);
+}
+
+// Calls that fail inside CUDA on purpose (see the header about the sanitizer).
+TEST(CudaRuntimeErrors, FailedCallsNameTheCall) {
+  BRAID_NEED_GPU();
+  int local = 0;
+  try {
+    d.deviceFree(&local);
+    FAIL() << "cudaFree of a stack address succeeded";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("cudaFree"), std::string::npos) << e.what();
+  }
+  EXPECT_THROW(d.setDevice(d.deviceCount()), Error);
+  EXPECT_THROW(d.streamCreate(d.deviceCount()), Error);
+  EXPECT_EQ(d.getDevice(), 0);
+  // The runtime still works after those.
+  Stream s = d.streamCreate(0);
+  d.streamSynchronize(s);
+  d.streamDestroy(s);
+}
+
+// Here, without a GPU: the reason is a braid::Error that says what is missing.
+TEST(CudaRuntimeErrors, NoRuntimeSaysWhy) {
+  std::string why;
+  if (loadRuntime(&why) != nullptr) GTEST_SKIP() << "a CUDA runtime and GPU are present";
+  EXPECT_NE(why.find("braid"), std::string::npos) << why;
+  std::string again;
+  loadRuntime(&again);
+  EXPECT_EQ(why, again);  // the same reason every time
+  std::printf("cudaRuntime(): %s\n", why.c_str());
+}
+
+}  // namespace
+}  // namespace cuda
+}  // namespace braid
