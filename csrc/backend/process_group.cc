@@ -2,6 +2,7 @@
 #include "backend/process_group.h"
 
 #include "backend/coalesced_work.h"
+#include "backend/cuda_op.h"
 #include "backend/engine.h"
 #include "backend/store_adapter.h"
 #include "backend/tensor_args.h"
@@ -51,6 +52,7 @@ ProcessGroupBraid::ProcessGroupBraid(const c10::intrusive_ptr<c10d::Store>& stor
   auto group = collectives::makeGroup(adapted, rank, size, opts);  // Note [Choosing a group's transport]
   const std::string how = group->describe();
   engine_ = std::make_unique<Engine>(std::move(group), timeout);
+  cuda_ = std::make_unique<CudaBinding>(rank);
   fr_ = std::make_unique<GroupRecorder>(store, prefix, rank, size);
   BRAID_LOG(kInfo, "backend", rank) << "group '" << groupName << "' of " << size
                                     << " ranks ready (" << how << ")";
@@ -69,7 +71,14 @@ void ProcessGroupBraid::abort() {
   firstError_->record("braid: the group was aborted (abort() on rank " +
                       std::to_string(getRank()) + ")");
   if (fr_) fr_->dumpIfAsked();
+  if (cuda_) {
+    if (auto ctx = cuda_->existing()) ctx->abort();  // a job waiting on the device returns
+  }
   if (engine_) engine_->shutdown();
+}
+
+std::shared_ptr<CudaContext> ProcessGroupBraid::cudaContext() const {
+  return cuda_ ? cuda_->existing() : nullptr;
 }
 
 std::string ProcessGroupBraid::errored() const {
@@ -112,7 +121,17 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupBraid::launch(const OpDesc& d, c10d::
                                                          Body body,
                                                          c10::ArrayRef<at::Tensor> inputs) {
   uint64_t frId = frRecord(type, inputs, outputs);
-  auto work = c10::make_intrusive<WorkBraid>(getRank(), type, title, std::move(outputs));
+  OpScope* scope = OpScope::current();
+  std::shared_ptr<CudaOp> cuda = scope ? scope->take() : nullptr;
+  std::vector<c10::Device> devices;
+  if (cuda) devices.push_back(cuda->device());
+  auto work = c10::make_intrusive<WorkBraid>(getRank(), type, title, std::move(outputs), devices);
+  if (cuda) {
+    // Note [The staged CUDA executor] (backend/cuda_op.h).
+    cuda->recordCaller();
+    work->setCuda(cuda->end(), cuda->futureStream());
+    body = [cuda, d, body = std::move(body)] { cuda->run(body, d.deadline, d.timeout); };
+  }
   launched_.fetch_add(1);
   Engine* engine = engine_.get();
   GroupRecorder* fr = fr_.get();  // outlives every job: see abort()
@@ -176,6 +195,7 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupBraid::endCoalescing() {
 c10::intrusive_ptr<c10d::Work> ProcessGroupBraid::guarded(
     OpKind kind, const std::function<c10::intrusive_ptr<c10d::Work>()>& check) {
   try {
+    OpScope scope(*cuda_, getRank(), collectives::opName(kind));
     return check();
   } catch (const Error& e) {
     OpDesc d = desc(kind, std::chrono::milliseconds(0));
@@ -216,16 +236,16 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupBraid::allreduce(std::vector<at::Tens
     d.count = t.numel();
     d.shape = args::shapeOf(t);
     auto st = args::Staged::in(t);
-    at::Tensor src = st.buf;
-    if (d.redop == ReduceOp::kPremulSum) {
-      src = st.buf * factor;  // pre-scaled copy; the sum runs as SUM
-      d.redop = ReduceOp::kSum;
-    }
+    const bool premul = d.redop == ReduceOp::kPremulSum;
+    if (premul) d.redop = ReduceOp::kSum;  // the sum of pre-scaled copies
     Engine* e = engine_.get();
-    return launch(d, c10d::OpType::ALLREDUCE, "braid:allreduce", tensors, [e, d, st, src] {
-      e->group().allreduce(d, src.data_ptr(), st.data());
-      st.copyBack();
-    });
+    return launch(d, c10d::OpType::ALLREDUCE, "braid:allreduce", tensors,
+                  [e, d, st, premul, factor] {
+                    // On the worker: a CUDA tensor's values reach st.buf only there.
+                    at::Tensor src = premul ? st.buf * factor : st.buf;
+                    e->group().allreduce(d, src.data_ptr(), st.data());
+                    st.copyBack();
+                  });
   });
 }
 
@@ -246,23 +266,32 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupBraid::allreduce_coalesced(
     d.dtype = dt;
     double factor = 1.0;
     d.redop = args::reduceOpOf(opts.reduceOp, dt, "allreduce_coalesced", rank, &factor);
-    std::vector<at::Tensor> flat;
-    for (auto& t : tensors) flat.push_back(t.reshape({-1}));
-    at::Tensor buf = at::cat(flat);
-    if (d.redop == ReduceOp::kPremulSum) {
-      buf.mul_(factor);
-      d.redop = ReduceOp::kSum;
+    const bool premul = d.redop == ReduceOp::kPremulSum;
+    if (premul) d.redop = ReduceOp::kSum;
+    std::vector<args::Staged> sts;
+    int64_t total = 0;
+    for (auto& t : tensors) {
+      sts.push_back(args::Staged::in(t));
+      total += t.numel();
     }
-    d.count = buf.numel();
-    d.shape = args::shapeOf(buf);
+    d.count = total;
+    d.shape.ndim = 1;
+    d.shape.dims[0] = total;
     Engine* e = engine_.get();
+    // The packing runs on the worker, where a CUDA tensor's values have
+    // reached its staging buffer.
     return launch(d, c10d::OpType::ALLREDUCE_COALESCED, "braid:allreduce_coalesced", tensors,
-                  [e, d, buf, tensors] {
+                  [e, d, sts, premul, factor] {
+                    std::vector<at::Tensor> flat;
+                    for (auto& st : sts) flat.push_back(st.buf.reshape({-1}));
+                    at::Tensor buf = at::cat(flat);
+                    if (premul) buf.mul_(factor);
                     e->group().allreduce(d, buf.data_ptr(), buf.data_ptr());
                     int64_t off = 0;
-                    for (auto& t : tensors) {
-                      t.copy_(buf.narrow(0, off, t.numel()).view(t.sizes()));
-                      off += t.numel();
+                    for (auto& st : sts) {
+                      st.buf.copy_(buf.narrow(0, off, st.buf.numel()).view(st.buf.sizes()));
+                      st.copyBack();
+                      off += st.buf.numel();
                     }
                   });
   });
@@ -302,17 +331,16 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupBraid::reduce(std::vector<at::Tensor>
     d.count = t.numel();
     d.shape = args::shapeOf(t);
     auto st = args::Staged::in(t);
-    at::Tensor src = st.buf;
-    if (d.redop == ReduceOp::kPremulSum) {
-      src = st.buf * factor;
-      d.redop = ReduceOp::kSum;
-    }
+    const bool premul = d.redop == ReduceOp::kPremulSum;
+    if (premul) d.redop = ReduceOp::kSum;
     Engine* e = engine_.get();
     const bool root = d.root == rank;
-    return launch(d, c10d::OpType::REDUCE, "braid:reduce", tensors, [e, d, st, src, root] {
-      e->group().reduce(d, src.data_ptr(), st.data());
-      if (root) st.copyBack();
-    });
+    return launch(d, c10d::OpType::REDUCE, "braid:reduce", tensors,
+                  [e, d, st, premul, factor, root] {
+                    at::Tensor src = premul ? st.buf * factor : st.buf;
+                    e->group().reduce(d, src.data_ptr(), st.data());
+                    if (root) st.copyBack();
+                  });
   });
 }
 

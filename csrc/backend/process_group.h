@@ -16,7 +16,9 @@
 
 namespace braid {
 
-class Engine;  // backend/engine.h: worker thread, transport, collectives
+class Engine;       // backend/engine.h: worker thread, transport, collectives
+class CudaBinding;  // backend/cuda_context.h: the group's CUDA device and comm stream
+class CudaContext;
 
 class ProcessGroupBraid : public compat::BackendBase {
  public:
@@ -115,6 +117,9 @@ class ProcessGroupBraid : public compat::BackendBase {
   // aborts the group and builds a new one over a fresh store prefix
   // (tests/python/test_torchft.py follows that flow).
   std::string errored() const;
+  // The group's CUDA state, once a CUDA op made it (else null): tests reach
+  // its comm stream through it.
+  std::shared_ptr<CudaContext> cudaContext() const;
   // Note [Coalescing] (backend/coalesced_work.h); same Note as above for the
   // missing `override`.
   bool supportsCoalescing() const { return true; }  // NOLINT(modernize-use-override)
@@ -169,6 +174,7 @@ class ProcessGroupBraid : public compat::BackendBase {
   std::vector<c10::intrusive_ptr<c10d::Work>> coalesced_;
   std::atomic<uint64_t> monitoredBarriers_{0};  // numbers each call's messages
   std::unique_ptr<Engine> engine_;
+  std::unique_ptr<CudaBinding> cuda_;  // Note [One device per group]
   std::unique_ptr<GroupRecorder> fr_;  // Note [Flight recorder]
   std::atomic<bool> frNamed_{false};   // torch's name for the group was read
   void nameForRecorder();

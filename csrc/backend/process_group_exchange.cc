@@ -1,4 +1,5 @@
 // reduce_scatter and alltoall (list and flat forms), and send/recv.
+#include "backend/cuda_op.h"
 #include "backend/engine.h"
 #include "backend/process_group.h"
 #include "backend/tensor_args.h"
@@ -27,18 +28,21 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupBraid::reduce_scatter(
     BRAID_ENFORCE(inputs.size() == 1 && inputs[0].size() == static_cast<size_t>(n),
                   "reduce_scatter", rank, "expects one input list of ", n, " tensors");
     args::checkSame(inputs[0], d.dtype, out.numel(), "input", "reduce_scatter", rank);
-    std::vector<at::Tensor> ins;
-    for (auto& t : inputs[0]) {
-      at::Tensor c = t.contiguous();
-      if (d.redop == ReduceOp::kPremulSum) c = c * factor;
-      ins.push_back(c);
-    }
-    if (d.redop == ReduceOp::kPremulSum) d.redop = ReduceOp::kSum;
+    std::vector<Staged> ins;
+    for (auto& t : inputs[0]) ins.push_back(Staged::in(t));
+    const bool premul = d.redop == ReduceOp::kPremulSum;
+    if (premul) d.redop = ReduceOp::kSum;
     auto dst = Staged::out(out);
     Engine* e = engine_.get();
-    return launch(d, c10d::OpType::REDUCE_SCATTER, "braid:reduce_scatter", outputs, [e, d, ins, dst] {
+    return launch(d, c10d::OpType::REDUCE_SCATTER, "braid:reduce_scatter", outputs,
+                  [e, d, ins, dst, premul, factor] {
+      // On the worker: a CUDA tensor's values reach its staging buffer only here.
+      std::vector<at::Tensor> scaled;
       std::vector<const void*> p;
-      for (auto& t : ins) p.push_back(t.data_ptr());
+      for (auto& st : ins) {
+        if (premul) scaled.push_back(st.buf * factor);
+        p.push_back(premul ? scaled.back().data_ptr() : st.buf.data_ptr());
+      }
       e->group().reduceScatter(d, p.data(), dst.data());
       dst.copyBack();
     }, inputs[0]);
@@ -58,15 +62,14 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupBraid::_reduce_scatter_base(
     d.count = output.numel();
     d.shape = args::shapeOf(output);
     args::checkSame({input}, d.dtype, output.numel() * n, "input", "reduce_scatter", rank);
-    at::Tensor src = input.contiguous();
-    if (d.redop == ReduceOp::kPremulSum) {
-      src = src * factor;
-      d.redop = ReduceOp::kSum;
-    }
+    auto in = Staged::in(input);
+    const bool premul = d.redop == ReduceOp::kPremulSum;
+    if (premul) d.redop = ReduceOp::kSum;
     auto dst = Staged::out(output);
     Engine* e = engine_.get();
     return launch(d, c10d::OpType::_REDUCE_SCATTER_BASE, "braid:_reduce_scatter_base", {output},
-                  [e, d, src, dst, n] {
+                  [e, d, in, dst, n, premul, factor] {
+                    at::Tensor src = premul ? in.buf * factor : in.buf;
                     std::vector<const void*> p(n);
                     size_t bytes = d.bytes();
                     for (int r = 0; r < n; ++r) p[r] = static_cast<uint8_t*>(src.data_ptr()) + r * bytes;
@@ -199,14 +202,18 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupBraid::sendRecv(bool isSend,
                                                            int peer, int tag) {
   const char* op = isSend ? "send" : "recv";
   const int rank = getRank();
+  OpScope scope(*cuda_, rank, op);
   const at::Tensor& t = args::single(tensors, op, rank);
   args::dtypeOf(t, op, rank);
   if (peer != collectives::PointToPoint::kAnySource) {
     args::checkRank(peer, getSize(), isSend ? "destination" : "source", op, rank);
     BRAID_ENFORCE(peer != rank, op, rank, "cannot ", op, isSend ? " to" : " from", " itself");
   }
+  std::vector<c10::Device> devices;
+  if (t.is_cuda()) devices.push_back(t.device());
   auto work = c10::make_intrusive<WorkBraid>(rank, isSend ? c10d::OpType::SEND : c10d::OpType::RECV,
-                                             isSend ? "braid:send" : "braid:recv", tensors);
+                                             isSend ? "braid:send" : "braid:recv", tensors,
+                                             devices);
   std::chrono::milliseconds timeout = this->timeout();
   auto deadline = transport::Clock::now() + timeout;
   const uint64_t frId =
@@ -215,6 +222,14 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupBraid::sendRecv(bool isSend,
   work->setP2P(engine_->p2p().inCallbackSince(), deadline, timeout, op);
   if (isSend) {
     auto st = Staged::in(t);
+    if (auto cuda = scope.take()) {
+      // A CUDA send stages its tensor on this thread (the message leaves
+      // from host memory as soon as it is posted): the caller waits for its
+      // stream to reach this point and for the copy.
+      cuda->recordCaller();
+      work->setCuda(cuda->end(), cuda->futureStream());
+      cuda->run([] {}, deadline, timeout);
+    }
     engine_->p2p().postSend(peer, tag, st.data(), t.nbytes(), deadline, timeout,
                             [work, st, fr, frId](std::exception_ptr e, int) {
                               fr->finished(frId, e);
@@ -222,11 +237,29 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupBraid::sendRecv(bool isSend,
                             });
   } else {
     auto st = Staged::out(t);
+    auto cuda = scope.take();
+    if (cuda) {
+      cuda->recordCaller();
+      work->setCuda(cuda->end(), cuda->futureStream());
+    }
     engine_->p2p().postRecv(peer, tag, st.data(), t.nbytes(), deadline, timeout,
-                            [work, st, fr, frId](std::exception_ptr e, int src) {
+                            [work, st, fr, frId, cuda, deadline, timeout](std::exception_ptr e,
+                                                                          int src) {
                               // Not into a receive its waiter gave up (Note [A
                               // stalled progress thread]).
-                              if (!e && !work->isCompleted()) st.copyBack();
+                              if (!e && !work->isCompleted()) {
+                                if (!cuda) {
+                                  st.copyBack();
+                                } else {
+                                  // Into the user's tensor once the caller's
+                                  // stream has let go of it.
+                                  try {
+                                    cuda->run([&st] { st.copyBack(); }, deadline, timeout);
+                                  } catch (...) {
+                                    e = std::current_exception();
+                                  }
+                                }
+                              }
                               fr->finished(frId, e);
                               work->markDone(e, src);
                             });

@@ -102,11 +102,13 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupBraid::allgather_coalesced(
     const int rank = getRank(), n = getSize();
     BRAID_ENFORCE(outputLists.size() == static_cast<size_t>(n), "allgather_coalesced", rank,
                   "expects one output list per rank (", n, "), got ", outputLists.size());
-    std::vector<at::Tensor> flat;
+    std::vector<Staged> ins;
+    int64_t packedBytes = 0;
     for (size_t i = 0; i < inputs.size(); ++i) {
       args::checkTensor(inputs[i], "allgather_coalesced", rank);
       args::dtypeOf(inputs[i], "allgather_coalesced", rank);
-      flat.push_back(inputs[i].contiguous().view({-1}).view(at::kByte));
+      ins.push_back(Staged::in(inputs[i]));
+      packedBytes += inputs[i].nbytes();
     }
     for (int r = 0; r < n; ++r) {
       BRAID_ENFORCE(outputLists[r].size() == inputs.size(), "allgather_coalesced", rank,
@@ -118,25 +120,39 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupBraid::allgather_coalesced(
                       " bytes, input ", i, " has ", inputs[i].nbytes());
       }
     }
-    at::Tensor packed = flat.empty() ? at::empty({0}, at::kByte) : at::cat(flat);
-    at::Tensor gathered = at::empty({packed.numel() * n}, at::kByte);
+    std::vector<at::Tensor> outs;
+    std::vector<Staged> outSt;
+    for (auto& l : outputLists) {
+      for (auto& t : l) {
+        args::checkTensor(t, "allgather_coalesced", rank);
+        outs.push_back(t);
+        outSt.push_back(Staged::out(t));
+      }
+    }
     OpDesc d = desc(OpKind::kAllgather, opts.timeout);
     d.dtype = DataType::kUInt8;
-    d.count = packed.numel();
-    d.shape = args::shapeOf(packed);
-    std::vector<at::Tensor> outs;
-    for (auto& l : outputLists) outs.insert(outs.end(), l.begin(), l.end());
+    d.count = packedBytes;
+    d.shape.ndim = 1;
+    d.shape.dims[0] = packedBytes;
     Engine* e = engine_.get();
+    // Packing and unpacking run on the worker, where CUDA tensors' values
+    // have reached their staging buffers.
     return launch(d, c10d::OpType::ALLGATHER_COALESCED, "braid:allgather_coalesced", outs,
-                  [e, d, packed, gathered, outputLists, n] {
-                    e->group().allgather(d, packed.data_ptr(),
-                                           slices(gathered, n).data());
+                  [e, d, ins, outSt, n] {
+                    std::vector<at::Tensor> flat;
+                    for (auto& st : ins) flat.push_back(st.buf.reshape({-1}).view(at::kByte));
+                    at::Tensor packed = flat.empty() ? at::empty({0}, at::kByte) : at::cat(flat);
+                    at::Tensor gathered = at::empty({packed.numel() * n}, at::kByte);
+                    e->group().allgather(d, packed.data_ptr(), slices(gathered, n).data());
+                    size_t k = 0;
                     for (int r = 0; r < n; ++r) {
                       int64_t off = r * packed.numel();
-                      for (auto& t : outputLists[r]) {
-                        auto bytes = gathered.narrow(0, off, t.nbytes());
-                        t.copy_(bytes.view(t.scalar_type()).view(t.sizes()));
-                        off += t.nbytes();
+                      for (size_t i = 0; i < ins.size(); ++i, ++k) {
+                        const Staged& st = outSt[k];
+                        auto bytes = gathered.narrow(0, off, st.buf.nbytes());
+                        st.buf.copy_(bytes.view(st.buf.scalar_type()).view(st.buf.sizes()));
+                        st.copyBack();
+                        off += st.buf.nbytes();
                       }
                     }
                   }, inputs);

@@ -1,5 +1,6 @@
 #include "backend/tensor_args.h"
 
+#include "backend/cuda_op.h"
 #include "common/error.h"
 #include "reduce/reduce.h"
 
@@ -44,8 +45,12 @@ void checkTensor(const at::Tensor& t, const char* op, int rank) {
   BRAID_ENFORCE(t.defined(), op, rank, "got an undefined tensor");
   BRAID_ENFORCE(t.layout() == at::kStrided, op, rank, "sparse tensors are not supported (layout ",
                 t.layout(), ")");
-  BRAID_ENFORCE(t.device().is_cpu(), op, rank, "tensors must be on the CPU, got ",
-                t.device().str());
+  if (OpScope* scope = OpScope::current()) {
+    scope->noteDevice(t, op);
+  } else {
+    BRAID_ENFORCE(t.device().is_cpu(), op, rank, "tensors must be on the CPU here, got ",
+                  t.device().str());
+  }
 }
 
 const at::Tensor& single(const std::vector<at::Tensor>& ts, const char* op, int rank) {
@@ -108,16 +113,36 @@ ReduceOp reduceOpOf(const c10d::ReduceOp& op, DataType dtype, const char* opName
   return r;
 }
 
+namespace {
+std::shared_ptr<CudaOp> cudaOpFor(const at::Tensor& t) {
+  OpScope* scope = OpScope::current();
+  BRAID_ENFORCE(scope, "op", -1, "a CUDA tensor outside of an op (internal error)");
+  return scope->cuda(t, "op");
+}
+}  // namespace
+
 Staged Staged::in(const at::Tensor& t) {
-  return Staged{t, t.is_contiguous() ? t : t.contiguous()};
+  if (t.is_cuda()) {
+    auto op = cudaOpFor(t);
+    return Staged{t, op->stageIn(t), op};
+  }
+  return Staged{t, t.is_contiguous() ? t : t.contiguous(), nullptr};
 }
 
 Staged Staged::out(const at::Tensor& t) {
-  return Staged{t, t.is_contiguous() ? t : at::empty(t.sizes(), t.options())};
+  if (t.is_cuda()) {
+    auto op = cudaOpFor(t);
+    return Staged{t, op->stageOut(t), op};
+  }
+  return Staged{t, t.is_contiguous() ? t : at::empty(t.sizes(), t.options()), nullptr};
 }
 
 void Staged::copyBack() const {
-  if (!buf.is_same(user)) user.copy_(buf);
+  if (cuda) {
+    cuda->copyBack(user, buf);
+  } else if (!buf.is_same(user)) {
+    user.copy_(buf);
+  }
 }
 
 }  // namespace args

@@ -4,16 +4,20 @@
 
 #include <ATen/ATen.h>
 
+#include <memory>
+
 #include "backend/compat.h"
 #include "collectives/shm/communicator.h"
 #include "common/types.h"
 
 namespace braid {
+class CudaOp;
 namespace args {
 
 // The element type, or throws "unsupported dtype ...".
 DataType dtypeOf(const at::Tensor& t, const char* op, int rank);
-// Dense, CPU, defined.
+// Dense and defined; on the CPU, or (inside an op, OpScope) on the group's
+// CUDA device and contiguous, with every tensor of the call on one device.
 void checkTensor(const at::Tensor& t, const char* op, int rank);
 // One tensor per call (c10d's multi-tensor-per-process form is not supported).
 const at::Tensor& single(const std::vector<at::Tensor>& ts, const char* op, int rank);
@@ -29,9 +33,12 @@ collectives::Shape shapeOf(const at::Tensor& t);
 ReduceOp reduceOpOf(const c10d::ReduceOp& op, DataType dtype, const char* opName, int rank,
                     double* factor);
 
-// A contiguous buffer standing in for a user tensor that may be strided.
+// A contiguous CPU buffer standing in for a user tensor that may be strided,
+// or that is on a CUDA device (a pinned shadow: Note [The staged CUDA
+// executor] in backend/cuda_op.h).
 struct Staged {
   at::Tensor user, buf;
+  std::shared_ptr<CudaOp> cuda;  // the op's CUDA plan when `user` is on a GPU
   static Staged in(const at::Tensor& t);   // buf holds t's values
   static Staged out(const at::Tensor& t);  // buf is scratch of t's shape
   void copyBack() const;                   // user <- buf, if they differ

@@ -1,20 +1,46 @@
 #include "backend/work.h"
 
+#include <c10/core/StreamGuard.h>
+#include <c10/core/impl/VirtualGuardImpl.h>
+
 #include "common/error.h"
 
 namespace braid {
 
 WorkBraid::WorkBraid(int rank, c10d::OpType type, const char* title,
-                     std::vector<at::Tensor> outputs)
+                     std::vector<at::Tensor> outputs, std::vector<c10::Device> devices)
     : c10d::Work(rank, type, title),
       outputs_(std::move(outputs)),
+      // A Future that knows its devices records an event on them when it
+      // completes, and makes its waiters' streams wait on it.
       future_(c10::make_intrusive<c10::ivalue::Future>(
-          c10::ListType::create(c10::TensorType::get()))) {}
+          c10::ListType::create(c10::TensorType::get()), std::move(devices))) {}
+
+void WorkBraid::setCuda(std::shared_ptr<void> end, c10::Stream futureStream) {
+  cudaEnd_ = std::move(end);
+  futureStream_ = futureStream;
+}
+
+void WorkBraid::blockCurrentStream() {
+  if (!cudaEnd_) return;
+  c10::impl::VirtualGuardImpl impl(c10::DeviceType::CUDA);
+  impl.block(cudaEnd_.get(), impl.getStream(futureStream_->device()));
+}
+
+void WorkBraid::synchronize() { blockCurrentStream(); }
 
 void WorkBraid::markDone(std::exception_ptr error, int sourceRank) {
   if (done_.exchange(true)) return;
   sourceRank_.store(sourceRank);
   error = compat::asTorchError(error);
+  c10::OptionalStreamGuard onFutureStream;
+  if (cudaEnd_ && !error) {
+    // The Future records its own events on the stream current here: make
+    // that one follow the op's end event.
+    c10::impl::VirtualGuardImpl impl(c10::DeviceType::CUDA);
+    impl.block(cudaEnd_.get(), *futureStream_);
+    onFutureStream.reset_stream(*futureStream_);
+  }
   // finish() first so that a future callback that inspects the work (or
   // waits on it) sees it complete.
   finish(error);
@@ -53,7 +79,9 @@ bool WorkBraid::wait(std::chrono::milliseconds timeout) {
     // never started (Note [A job that cannot start] in backend/engine.h).
     if (timeout.count() == 0 && !isCompleted()) failIfNotStarted();  // 0: kNoTimeout
   }
-  return c10d::Work::wait(timeout);
+  bool done = c10d::Work::wait(timeout);
+  if (done) blockCurrentStream();
+  return done;
 }
 
 namespace {

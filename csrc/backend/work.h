@@ -5,6 +5,7 @@
 
 #include <atomic>
 #include <memory>
+#include <optional>
 #include <string>
 
 #include "backend/compat.h"
@@ -14,7 +15,15 @@ namespace braid {
 
 class WorkBraid : public c10d::Work {
  public:
-  WorkBraid(int rank, c10d::OpType type, const char* title, std::vector<at::Tensor> outputs);
+  // `devices`: the CUDA device of an op on CUDA tensors, for its Future
+  // (empty for the CPU).
+  WorkBraid(int rank, c10d::OpType type, const char* title, std::vector<at::Tensor> outputs,
+            std::vector<c10::Device> devices = {});
+
+  // An op on CUDA tensors (Note [The staged CUDA executor] in backend/cuda_op.h):
+  // wait() and synchronize() make the caller's current stream wait on `end`,
+  // and the Future completes on `futureStream` after it.
+  void setCuda(std::shared_ptr<void> end, c10::Stream futureStream);
 
   // Called from the thread that ran the op. Completes the future with the
   // output tensors (what DDP's reducer reads) or with the error. Calls after
@@ -34,6 +43,7 @@ class WorkBraid : public c10d::Work {
               transport::Clock::time_point deadline, std::chrono::milliseconds timeout,
               const char* op);
   bool wait(std::chrono::milliseconds timeout = std::chrono::milliseconds(0)) override;
+  void synchronize() override;
 
   c10::intrusive_ptr<c10::ivalue::Future> getFuture() override { return future_; }
   std::vector<at::Tensor> result() override { return outputs_; }
@@ -52,6 +62,9 @@ class WorkBraid : public c10d::Work {
 
   collectives::PointToPoint::CallbackClock p2pStall_;
   std::atomic<bool> done_{false};
+  std::shared_ptr<void> cudaEnd_;  // null for a CPU op
+  std::optional<c10::Stream> futureStream_;
+  void blockCurrentStream();
 
   // Gives the job up if it has not started by its deadline.
   void failIfNotStarted();

@@ -38,9 +38,10 @@ def _register():
     params = inspect.signature(dist.Backend.register_backend).parameters
     creator = _create_backend
     if "devices" in params:
-        # torch 2.x: the CPU path only, for now; CUDA tensors go to NCCL in
-        # mixed configs such as "cpu:braid,cuda:nccl".
-        kwargs["devices"] = ["cpu"]
+        # torch 2.x: one Backend object serves both devices (a group holds one
+        # backend per type, and two custom ones would alias); CUDA tensors go
+        # through braid's CUDA executors (Note [The staged CUDA executor]).
+        kwargs["devices"] = ["cpu", "cuda"]
     if "extended_api" in params:
         kwargs["extended_api"] = True
         creator = _create_backend_extended

@@ -1,0 +1,214 @@
+#include "backend/cuda_context.h"
+
+#include <c10/core/impl/VirtualGuardImpl.h>
+
+#include <thread>
+
+#include "common/error.h"
+#include "common/settings.h"
+
+namespace braid {
+
+BRAID_SETTING_INT(kStagingBytes, "BRAID_CUDA_STAGING_BYTES", int64_t{1} << 30,
+                  "Most bytes of idle pinned host memory a group keeps for staging CUDA tensors "
+                  "(Note [Staging memory]); blocks beyond it are freed after use.");
+
+namespace {
+std::atomic<cuda::DeviceApi*> gSimulated{nullptr};
+
+size_t roundUp(size_t bytes) {
+  size_t cap = 4096;
+  while (cap < bytes) cap <<= 1;
+  return cap;
+}
+
+c10::Stream poolStreamOf(c10::Device device) {
+  c10::impl::VirtualGuardImpl impl(c10::DeviceType::CUDA);
+  return impl.getStreamFromGlobalPool(device, /*isHighPriority=*/false);
+}
+}  // namespace
+
+cuda::DeviceApi& cudaApi() {
+  if (auto* sim = gSimulated.load(std::memory_order_acquire)) return *sim;
+  return cuda::cudaRuntime();
+}
+
+void useSimulatedCuda(int devices) {
+  gSimulated.store(&cuda::simulatedDevice(devices), std::memory_order_release);
+}
+
+bool simulatedCudaInUse() { return gSimulated.load(std::memory_order_acquire) != nullptr; }
+
+PinnedPool::PinnedPool(cuda::DeviceApi& api, size_t idleLimit) : api_(api), idleLimit_(idleLimit) {}
+
+PinnedPool::~PinnedPool() {
+  for (auto& kv : idle_) api_.hostFree(kv.second);
+}
+
+void* PinnedPool::acquire(size_t bytes, size_t* capacity) {
+  const size_t cap = roundUp(bytes);
+  *capacity = cap;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    auto it = idle_.find(cap);
+    if (it != idle_.end()) {
+      void* p = it->second;
+      idle_.erase(it);
+      idleBytes_ -= cap;
+      return p;
+    }
+  }
+  return api_.hostAlloc(cap);
+}
+
+void PinnedPool::release(void* p, size_t capacity) {
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    if (idleBytes_ + capacity <= idleLimit_) {
+      idle_.emplace(capacity, p);
+      idleBytes_ += capacity;
+      return;
+    }
+  }
+  api_.hostFree(p);
+}
+
+size_t PinnedPool::idleBytes() {
+  std::lock_guard<std::mutex> lock(mu_);
+  return idleBytes_;
+}
+
+CudaContext::CudaContext(int rank, c10::Device device)
+    : rank_(rank), device_(device), api_(cudaApi()), futureStream_(poolStreamOf(device)) {
+  BRAID_ENFORCE(device.index() >= 0 && device.index() < api_.deviceCount(), "cuda", rank,
+                "device ", device.str(), " does not exist (", api_.deviceCount(),
+                " CUDA devices on ", api_.name(), ")");
+  comm_ = api_.streamCreate(device.index());
+  pinned_ = std::make_shared<PinnedPool>(api_, static_cast<size_t>(kStagingBytes.get()));
+}
+
+CudaContext::~CudaContext() {
+  // Nothing may still read or write memory that is about to go: the comm
+  // stream drains (each op on it ended by its deadline or failed), then the
+  // kept tensors and pinned blocks are dropped.
+  try {
+    api_.streamSynchronize(comm_);
+  } catch (...) {
+    // A sticky device error: the memory is the runtime's to reclaim now.
+  }
+  {
+    std::lock_guard<std::mutex> lock(retiredMu_);
+    retired_.clear();
+  }
+  try {
+    api_.streamDestroy(comm_);
+  } catch (...) {
+  }
+  std::lock_guard<std::mutex> lock(eventsMu_);
+  for (void* e : idleEvents_) {
+    try {
+      api_.eventDestroy(e);
+    } catch (...) {
+    }
+  }
+}
+
+PooledEvent CudaContext::event() {
+  void* ev = nullptr;
+  {
+    std::lock_guard<std::mutex> lock(eventsMu_);
+    if (!idleEvents_.empty()) {
+      ev = idleEvents_.back();
+      idleEvents_.pop_back();
+    }
+  }
+  if (!ev) ev = api_.eventCreate(device_.index());
+  std::weak_ptr<CudaContext> self = weak_from_this();
+  cuda::DeviceApi* api = &api_;
+  return PooledEvent(ev, [self, api](void* e) {
+    if (auto ctx = self.lock()) {
+      // (A context being destroyed can no longer be locked.)
+      std::lock_guard<std::mutex> lock(ctx->eventsMu_);
+      ctx->idleEvents_.push_back(e);
+      return;
+    }
+    try {
+      api->eventDestroy(e);
+    } catch (...) {
+    }
+  });
+}
+
+at::Tensor CudaContext::pinnedLike(const at::Tensor& like) {
+  auto opts = like.options().device(at::kCPU);
+  const size_t bytes = like.nbytes();
+  if (bytes == 0) return at::empty(like.sizes(), opts);
+  size_t cap = 0;
+  void* p = pinned_->acquire(bytes, &cap);
+  std::shared_ptr<PinnedPool> pool = pinned_;
+  return at::from_blob(p, like.sizes(), [pool, p, cap](void*) { pool->release(p, cap); }, opts);
+}
+
+void CudaContext::retire(PooledEvent end, std::vector<at::Tensor> keep) {
+  std::lock_guard<std::mutex> lock(retiredMu_);
+  retired_.push_back(Retired{std::move(end), std::move(keep)});
+}
+
+void CudaContext::reap() {
+  std::deque<Retired> done;
+  {
+    std::lock_guard<std::mutex> lock(retiredMu_);
+    // Ops complete in stream order, so the first one not done ends the scan.
+    while (!retired_.empty() && api_.eventQuery(retired_.front().end.get())) {
+      done.push_back(std::move(retired_.front()));
+      retired_.pop_front();
+    }
+  }
+  // Dropped outside the lock: a tensor's deleter may take the GIL.
+}
+
+void CudaContext::hostWait(void* ev, std::chrono::steady_clock::time_point deadline,
+                           std::chrono::milliseconds timeout, const char* op) {
+  int spins = 0;
+  auto nap = std::chrono::microseconds(5);
+  while (!api_.eventQuery(ev)) {
+    BRAID_ENFORCE(!aborted_.load(std::memory_order_relaxed), op, rank_,
+                  "the group was aborted while waiting for ", device_.str());
+    if (std::chrono::steady_clock::now() > deadline) {
+      BRAID_THROW(TimeoutError, op, rank_, "Timed out after ", timeout.count(), " ms waiting for ",
+                  device_.str(), " to finish the op's copies (the device is stuck or too busy)");
+    }
+    if (++spins < 64) {
+      std::this_thread::yield();
+    } else {
+      std::this_thread::sleep_for(nap);
+      if (nap < std::chrono::microseconds(500)) nap *= 2;
+    }
+  }
+}
+
+void CudaContext::setCommDelay(std::chrono::microseconds d) { api_.setStreamDelay(comm_, d); }
+
+void CudaContext::bindThread() { api_.setDevice(device_.index()); }
+
+std::shared_ptr<CudaContext> CudaBinding::get(c10::Device device, const char* op) {
+  std::lock_guard<std::mutex> lock(mu_);
+  if (!ctx_) {
+    ctx_ = std::make_shared<CudaContext>(rank_, device);
+  } else {
+    // Note [One device per group]
+    // As with NCCL, a group's CUDA ops run on one device: its comm stream,
+    // staging memory and (later) communicator belong to it.
+    BRAID_ENFORCE(ctx_->device() == device, op, rank_, "this group runs its CUDA ops on ",
+                  ctx_->device().str(), ", got a tensor on ", device.str(),
+                  " (use one group per device)");
+  }
+  return ctx_;
+}
+
+std::shared_ptr<CudaContext> CudaBinding::existing() {
+  std::lock_guard<std::mutex> lock(mu_);
+  return ctx_;
+}
+
+}  // namespace braid
