@@ -4,6 +4,7 @@
 #
 #   tools/gpu_check.sh OUTDIR            # from the repository root; OUTDIR gets the logs
 #   BRAID_GPU_STEPS=smoke,bench tools/gpu_check.sh OUTDIR     # only steps whose name matches
+#                                        # (and env, gtest, build, import: incremental on a rerun)
 #   tools/gpu_check.sh --list            # the steps, in order, with their time limits
 #   tools/gpu_check.sh --prepare-kit [DIR]   # here, before the GPU run (see "The kit")
 #
@@ -30,10 +31,11 @@
 #   smoke-wN   tools/gpu_smoke.py: worlds of 1, 2 and 4 ranks on CUDA tensors (closed forms,
 #              stream order, async, DDP against gloo's CUDA run)
 #   py-NAME    each other tests/python/test_cuda*.py (BRAID_TEST_REAL_CUDA=1, BRAID_EXPECT_GPU=1)
+#   memcheck-*, racecheck-*   compute-sanitizer over the test binaries that drive the device
+#              (test_cuda*{kernel,runtime,real}*; racecheck: the kernel ones), in the background
+#              one after another, beside the smoke worlds
 #   bench-*    benchmarks/collectives.py --device cuda --quick at 1, 2, 4 ranks, then
 #              benchmarks/ddp.py --device cuda --quick (4 ranks), after the background steps
-#   memcheck-*, racecheck-*   compute-sanitizer over the test binaries that drive the device
-#              (test_cuda*{kernel,runtime,real}*; racecheck: the kernel ones)
 #   examples   examples/*.py on braid with CUDA, where they take a device option
 # No-GPU mode: env, syntax of these scripts, import, the test globs (pytest --collect-only of
 # test_cuda*.py), gpu_smoke.py --dry-run and its CPU run (world 2), the benchmarks' "no CUDA"
@@ -108,10 +110,11 @@ if [[ ${1:-} == --list ]]; then
 GPU mode (limits in seconds; the whole run keeps to BRAID_GPU_BUDGET_S):
   env 30, gtest 60, build 270 (BRAID_GPU_BUILD_LIMIT_S), import 60
   background, CPU only: py-errors 150, py-fast 120, py-test_cuda*sim* 150 each
-  foreground: cpp-test_cuda* 90 each, smoke-w1 90, smoke-w2 90, smoke-w4 100,
-              py-test_cuda* (not sim) 120 each
+  foreground: cpp-test_cuda* 90 each; then in the background, one after another,
+              memcheck-* and racecheck-* 120 each; in the foreground smoke-w1 90,
+              smoke-w2 90, smoke-w4 100, py-test_cuda* (not sim) 120 each
   after the background steps: bench-coll-w2 75, bench-coll-w4 90, bench-coll-w1 60,
-              bench-ddp 90, memcheck-* 120 each, racecheck-* 90 each, examples 60
+              bench-ddp 90, examples 60
 no-GPU mode: env 30, syntax 30, build (skipped: needs the in-place module), import 30,
   globs 40, smoke-dry 30, smoke-cpu 60, bench-nocuda 40; every GPU step is skipped
 EOF
@@ -148,8 +151,9 @@ record() {
   echo "[$(elapsed)s] $line"
 }
 
-wanted() {  # wanted NAME: BRAID_GPU_STEPS selects steps by substring
+wanted() {  # wanted NAME: BRAID_GPU_STEPS selects steps by substring (the setup steps always run)
   [[ -z $ONLY ]] && return 0
+  case $1 in env|gtest|build|import) return 0 ;; esac
   local w
   for w in ${ONLY//,/ }; do [[ $1 == *"$w"* ]] && return 0; done
   return 1
@@ -641,6 +645,20 @@ if [[ $MODE == gpu ]]; then
   else
     for b in "${bins[@]}"; do step "cpp-$(basename "$b")" 90 s_cpp "$b"; done
   fi
+  # compute-sanitizer over the binaries that drive the real device (the simulated ones make no
+  # CUDA call to check): one after another, in the background, beside the smoke worlds.
+  san=()
+  for b in "${bins[@]}"; do [[ $(basename "$b") =~ kernel|runtime|real ]] && san+=("memcheck:$b"); done
+  for b in "${bins[@]}"; do [[ $(basename "$b") =~ kernel ]] && san+=("racecheck:$b"); done
+  if ((${#san[@]} == 0)); then
+    skip sanitizer "no test_cuda*{kernel,runtime,real}* binary built"
+  else
+    (for x in "${san[@]}"; do
+       step "${x%%:*}-$(basename "${x#*:}")" 120 s_sanitize "${x%%:*}" "${x#*:}"
+     done) &
+    BG_PIDS+=($!)
+    IDX=$((IDX + ${#san[@]}))
+  fi
   if ((module)); then
     for w in 1 2 4; do lim=$((w == 4 ? 100 : 90)); step "smoke-w$w" $lim s_smoke $w $lim; done
   else
@@ -658,17 +676,6 @@ if [[ $MODE == gpu ]]; then
     step bench-ddp 90 s_bench_ddp
   else
     skip bench "torch_braid was not built or does not import"
-  fi
-  san=()
-  # The binaries that drive the real device (the simulated ones make no CUDA call to check).
-  for b in "${bins[@]}"; do [[ $(basename "$b") =~ kernel|runtime|real ]] && san+=("$b"); done
-  if ((${#san[@]} == 0)); then
-    skip sanitizer "no test_cuda*{kernel,runtime,real}* binary built"
-  else
-    for b in "${san[@]}"; do step "memcheck-$(basename "$b")" 120 s_sanitize memcheck "$b"; done
-    for b in "${san[@]}"; do
-      [[ $(basename "$b") =~ kernel ]] && step "racecheck-$(basename "$b")" 90 s_sanitize racecheck "$b"
-    done
   fi
   if ((module)); then step examples 60 s_examples; else skip examples "torch_braid does not import"; fi
 else
