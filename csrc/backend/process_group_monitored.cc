@@ -18,6 +18,16 @@
 //     good; rank 0's error then says so.
 //   - It runs on the caller's thread, beside the collectives (as gloo's does),
 //     and uses no collective step, so it never leaves the group out of step.
+//   - The timeout is the call's own, from either entry point
+//     (dist.monitored_barrier(group, timeout) and group.monitored_barrier(
+//     timeout) both reach here with BarrierOptions.timeout); only an unset one
+//     (negative: c10d's kUnsetTimeout) means the group's. A zero timeout is a
+//     timeout too, as in gloo: rank 0 has no time to process any rank and
+//     fails at once with gloo's "Rank 0 timed out in monitoredBarrier after
+//     0 ms" (torch's test_monitored_barrier_gloo_rank_0_timeout), telling
+//     the others (Ranks ... failed, with wait_all_ranks). gloo fails so when
+//     its remaining time is gone before it waits for a rank; rank 0 here
+//     waits for all ranks at once, so that can only happen at 0.
 #include <algorithm>
 #include <condition_variable>
 #include <limits>
@@ -142,7 +152,8 @@ void ProcessGroupBraid::monitoredBarrier(const c10d::BarrierOptions& opts, bool 
   const int rank = getRank(), n = getSize();
   const int64_t seq = static_cast<int64_t>(monitoredBarriers_.fetch_add(1)) + 1;
   if (n == 1) return;
-  const auto timeout = opts.timeout.count() > 0 ? opts.timeout : this->timeout();
+  // Unset: negative (c10d's kUnsetTimeout); 0 is a timeout of 0 ms, as in gloo.
+  const auto timeout = opts.timeout.count() >= 0 ? opts.timeout : this->timeout();
   auto& p2p = engine_->p2p();
   auto ex = std::make_shared<Exchange>(n);
   std::vector<int64_t> stale(n, -1);
@@ -175,10 +186,26 @@ void ProcessGroupBraid::monitoredBarrier(const c10d::BarrierOptions& opts, bool 
 
   const auto deadline = transport::Clock::now() + timeout;
   std::vector<int> peers;
-  for (int r = 1; r < n; ++r) {
-    peers.push_back(r);
-    postRecv(p2p, ex, r, deadline, timeout);
+  for (int r = 1; r < n; ++r) peers.push_back(r);
+  // The releases must outlive a zero timeout: late ranks take theirs when
+  // they arrive, up to their own wait (the longer of both timeouts).
+  const auto releaseFor = std::max(timeout, this->timeout());
+  if (timeout.count() == 0) {
+    // No time to process any rank (Note [Monitored barrier]): fail now, and
+    // tell every rank, so that none waits for a release.
+    const Msg release{seq, n - 1, 1};
+    for (int r : peers) {
+      postSend(p2p, ex, r, release, transport::Clock::now() + releaseFor, releaseFor);
+    }
+    if (waitAllRanks) {
+      BRAID_THROW(Error, kOp, rank, "Ranks ", joinRanks(peers),
+                  " failed to pass monitoredBarrier in 0 ms");
+    }
+    // gloo's wording, which torch's tests look for.
+    BRAID_THROW(Error, kOp, rank, "Rank 0 timed out in monitoredBarrier after 0 ms.\n",
+                "No ranks successfully processed in monitoredBarrier.");
   }
+  for (int r : peers) postRecv(p2p, ex, r, deadline, timeout);
   awaitRecvs(p2p, ex, rank, peers, seq, deadline, timeout, &stale);
 
   std::vector<int> failed;
@@ -202,7 +229,9 @@ void ProcessGroupBraid::monitoredBarrier(const c10d::BarrierOptions& opts, bool 
     }
   }
   const Msg release{seq, static_cast<int64_t>(failed.size()), failed.empty() ? -1 : failed[0]};
-  for (int r : peers) postSend(p2p, ex, r, release, deadline + timeout, timeout);
+  for (int r : peers) {
+    postSend(p2p, ex, r, release, transport::Clock::now() + releaseFor, releaseFor);
+  }
   if (!failed.empty()) {
     // Everyone was told (the late ranks when they arrive); the sends finish on
     // their own. gloo's wording, which scripts may look for.
@@ -215,7 +244,7 @@ void ProcessGroupBraid::monitoredBarrier(const c10d::BarrierOptions& opts, bool 
   }
   // As gloo: the barrier passes once every release is on its way.
   std::unique_lock<std::mutex> lock(ex->mu);
-  ex->cv.wait_until(lock, deadline + timeout + kGrace, [&] {
+  ex->cv.wait_until(lock, transport::Clock::now() + releaseFor + kGrace, [&] {
     return std::all_of(peers.begin(), peers.end(),
                        [&](int r) { return ex->send[r].state != Op::kPending; });
   });

@@ -172,3 +172,59 @@ def test_monitored_barrier_reports_a_dead_rank_at_once():
     assert err and re.search(rf"Rank 1 failed to pass monitoredBarrier in 20000 ms.*"
                              rf"rank 1 \(pid {pid1}\) exited", err), err
     assert took < 5.0, f"dead rank noticed after {took:.1f} s (barrier timeout 20 s)"
+
+
+# -- the call's own timeout, from both entry points ----------------------------------
+
+
+def _rank0_timeout(ctx):
+    """torch's test_monitored_barrier_gloo_rank_0_timeout, and the timeout of both entry points.
+
+    Only rank 0 calls: a zero timeout fails at once with gloo's words; a 1 s
+    timeout, through the method on the group object (torch's test) and
+    through dist.monitored_barrier, names the absent rank 1 within about 1 s,
+    not the group's timeout (20 s here; 30 min by default).
+    """
+    dist = ctx.dist
+    pg = dist.new_group(list(range(ctx.size)), backend="braid", timeout=_seconds(20))
+    out = {}
+    if ctx.rank == 0:
+        calls = [("zero", lambda: pg.monitored_barrier(_seconds(0))),
+                 ("zero_all", lambda: pg.monitored_barrier(_seconds(0), wait_all_ranks=True)),
+                 ("method", lambda: pg.monitored_barrier(_seconds(1))),
+                 ("function", lambda: dist.monitored_barrier(pg, timeout=_seconds(1))),
+                 ("float", lambda: dist.monitored_barrier(pg, timeout=1.0))]
+        for name, call in calls:
+            t0 = time.monotonic()
+            try:
+                call()
+                out[name] = (None, time.monotonic() - t0)
+            except RuntimeError as e:
+                out[name] = (str(e), time.monotonic() - t0)
+    t = ctx.torch.ones(2)
+    dist.all_reduce(t, group=pg)  # every rank waits here while rank 0 runs its barriers
+    ok = bool(ctx.torch.equal(t, ctx.torch.full((2,), float(ctx.size))))
+    dist.destroy_process_group(pg)
+    return out, ok
+
+
+@pytest.mark.braid_only
+@pytest.mark.parametrize("world", [pytest.param(2, id="n2"), pytest.param(3, id="n3")],
+                         indirect=True)
+def test_monitored_barrier_uses_the_calls_timeout(world):
+    results = world.run(_rank0_timeout, timeout=60)
+    assert all(ok for _, ok in results), "allreduce after the barriers was wrong"
+    out = results[0][0]
+    err, took = out["zero"]
+    # gloo's text (ProcessGroupGloo's checkRemainingTime), which torch's test matches.
+    assert err and re.search(r"Rank 0 timed out in monitoredBarrier after 0 ms\.\n"
+                             r"No ranks successfully processed in monitoredBarrier\.", err), err
+    assert took < 1.0, f"a zero timeout failed after {took:.2f} s"
+    err, took = out["zero_all"]
+    absent = ", ".join(str(r) for r in range(1, world.n))
+    assert err and f"Ranks {absent} failed to pass monitoredBarrier in 0 ms" in err, err
+    assert took < 1.0, f"a zero timeout failed after {took:.2f} s"
+    for name in ("method", "function", "float"):
+        err, took = out[name]
+        assert err and "Rank 1 failed to pass monitoredBarrier in 1000 ms" in err, (name, err)
+        assert 0.95 <= took <= 3.0, f"{name}: rank 0 failed after {took:.2f} s (timeout 1 s)"
