@@ -3,32 +3,34 @@
 #include <atomic>
 #include <memory>
 
+#include "common/error.h"
+
 namespace braid {
 
 namespace {
-// Completes `all` once every future in `parts` has, with their values in
-// order, or with the first error.
+// Completes `all` once every future in `parts` has: with the first error in
+// issue order, else with their values in order (Note [Coalescing]).
 void completeWhenAll(const std::vector<c10::intrusive_ptr<c10::ivalue::Future>>& parts,
                      const c10::intrusive_ptr<c10::ivalue::Future>& all) {
   if (parts.empty()) {
     all->markCompleted(c10::IValue(std::vector<at::Tensor>{}));
     return;
   }
-  struct State {
-    std::atomic<size_t> left;
-    std::atomic<bool> failed{false};
-    explicit State(size_t n) : left(n) {}
-  };
-  auto state = std::make_shared<State>(parts.size());
+  auto left = std::make_shared<std::atomic<size_t>>(parts.size());
   for (const auto& f : parts) {
-    f->addCallback([state, parts, all](c10::ivalue::Future& done) {
-      if (done.hasError()) {
-        if (!state->failed.exchange(true)) all->setError(done.exception_ptr());
+    f->addCallback([left, parts, all](c10::ivalue::Future&) {
+      if (left->fetch_sub(1) != 1) return;  // the last one to end completes `all`
+      for (const auto& p : parts) {
+        if (p->hasError()) {
+          all->setError(p->exception_ptr());
+          return;
+        }
       }
-      if (state->left.fetch_sub(1) != 1 || state->failed.load()) return;
       std::vector<at::Tensor> outputs;
       for (const auto& p : parts) {
-        for (const auto& t : p->value().toTensorVector()) outputs.push_back(t);
+        const auto& v = p->value();
+        if (!v.isTensorList()) continue;  // an op without outputs
+        for (const auto& t : v.toTensorVector()) outputs.push_back(t);
       }
       all->markCompleted(c10::IValue(outputs));
     });
@@ -36,8 +38,9 @@ void completeWhenAll(const std::vector<c10::intrusive_ptr<c10::ivalue::Future>>&
 }
 }  // namespace
 
-CoalescedWork::CoalescedWork(int rank, std::vector<c10::intrusive_ptr<c10d::Work>> works)
-    : c10d::Work(rank, compat::kCoalescedOpType, "braid:coalesced"),
+CoalescedWork::CoalescedWork(int rank, std::vector<c10::intrusive_ptr<c10d::Work>> works,
+                             c10d::OpType type, const char* title)
+    : c10d::Work(rank, type, title),
       works_(std::move(works)),
       future_(c10::make_intrusive<c10::ivalue::Future>(
           c10::ListType::create(c10::TensorType::get()))) {
@@ -62,7 +65,16 @@ bool CoalescedWork::isSuccess() const {
 
 bool CoalescedWork::wait(std::chrono::milliseconds timeout) {
   // Each op ends by its own deadline; a timeout given here bounds each wait.
-  for (const auto& w : works_) w->wait(timeout);
+  // Every op is waited for, even after one failed (Note [Coalescing]).
+  std::exception_ptr first;
+  for (const auto& w : works_) {
+    try {
+      w->wait(timeout);
+    } catch (...) {
+      if (!first) first = std::current_exception();
+    }
+  }
+  if (first) std::rethrow_exception(first);
   return true;
 }
 
@@ -72,6 +84,25 @@ std::vector<at::Tensor> CoalescedWork::result() {
     for (const auto& t : w->result()) out.push_back(t);
   }
   return out;
+}
+
+c10::intrusive_ptr<c10d::Work> issueCoalesced(
+    int rank, size_t n, const std::function<c10::intrusive_ptr<c10d::Work>(size_t)>& issue,
+    const std::function<void(size_t, const std::string&)>& fail, c10d::OpType type,
+    const char* title) {
+  std::vector<c10::intrusive_ptr<c10d::Work>> works;
+  for (size_t i = 0; i < n; ++i) {
+    try {
+      works.push_back(issue(i));
+    } catch (const Error& e) {
+      // Op i told the peers already (guarded()); the rest of the call too.
+      const std::string why = strCat("op ", i, " of the same ", title, " call failed on its rank: ",
+                                     e.what());
+      for (size_t j = i + 1; j < n; ++j) fail(j, why);
+      throw;
+    }
+  }
+  return c10::make_intrusive<CoalescedWork>(rank, std::move(works), type, title);
 }
 
 }  // namespace braid

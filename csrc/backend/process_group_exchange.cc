@@ -1,5 +1,6 @@
 // reduce_scatter and alltoall (list and flat forms), and send/recv.
 #include "backend/cuda_op.h"
+#include "backend/coalesced_work.h"
 #include "backend/engine.h"
 #include "backend/process_group.h"
 #include "backend/tensor_args.h"
@@ -84,9 +85,20 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupBraid::reduce_scatter_tensor_coalesce
     const c10d::ReduceScatterOptions& opts) {
   BRAID_ENFORCE(outputs.size() == inputs.size(), "reduce_scatter", getRank(), "got ",
                 outputs.size(), " outputs for ", inputs.size(), " inputs");
-  c10::intrusive_ptr<c10d::Work> last;
-  for (size_t i = 0; i < inputs.size(); ++i) last = _reduce_scatter_base(outputs[i], inputs[i], opts);
-  return last;
+  // One Work for the call (Note [Coalesced calls] in backend/coalesced_work.h).
+  return issueCoalesced(
+      getRank(), inputs.size(),
+      [&](size_t i) { return _reduce_scatter_base(outputs[i], inputs[i], opts); },
+      [&](size_t, const std::string& why) {
+        try {
+          guarded(OpKind::kReduceScatter, [&]() -> c10::intrusive_ptr<c10d::Work> {
+            throw Error(why);
+          });
+        } catch (const Error&) {
+          // The caller gets op i's own error.
+        }
+      },
+      compat::kCoalescedOpType, "braid:reduce_scatter_tensor_coalesced");
 }
 
 namespace {

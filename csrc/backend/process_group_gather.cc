@@ -1,5 +1,6 @@
 // The gathering and scattering collectives: allgather, gather, scatter,
 // reduce_scatter and alltoall, in their list and flat-tensor forms.
+#include "backend/coalesced_work.h"
 #include "backend/engine.h"
 #include "backend/process_group.h"
 #include "backend/tensor_args.h"
@@ -90,9 +91,20 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupBraid::allgather_into_tensor_coalesce
     const c10d::AllgatherOptions& opts) {
   BRAID_ENFORCE(outputs.size() == inputs.size(), "allgather", getRank(), "got ", outputs.size(),
                 " outputs for ", inputs.size(), " inputs");
-  c10::intrusive_ptr<c10d::Work> last;
-  for (size_t i = 0; i < inputs.size(); ++i) last = _allgather_base(outputs[i], inputs[i], opts);
-  return last;  // ops run in order, so the last one completing means all did
+  // One Work for the call (Note [Coalesced calls] in backend/coalesced_work.h).
+  return issueCoalesced(
+      getRank(), inputs.size(),
+      [&](size_t i) { return _allgather_base(outputs[i], inputs[i], opts); },
+      [&](size_t, const std::string& why) {
+        try {
+          guarded(OpKind::kAllgather, [&]() -> c10::intrusive_ptr<c10d::Work> {
+            throw Error(why);
+          });
+        } catch (const Error&) {
+          // The caller gets op i's own error.
+        }
+      },
+      compat::kCoalescedOpType, "braid:allgather_into_tensor_coalesced");
 }
 
 c10::intrusive_ptr<c10d::Work> ProcessGroupBraid::allgather_coalesced(
