@@ -10,8 +10,9 @@ repo=$(cd "$(dirname "$0")/.." && pwd)
 PY=${BRAID_PYTHON:-/usr/bin/python3}
 
 pkgs=(python3-torch libtorch-dev pybind11-dev python3-pytest python3-dev python3-setuptools
-      cmake g++ make ccache libgtest-dev python3-matplotlib python3-venv python3-pip
-      libssl-dev)
+      cmake g++ make ccache libgtest-dev python3-matplotlib python3-venv python3-pip)
+# No libssl-dev: braid loads OpenSSL's libcrypto at run time (Note [libcrypto at run time] in
+# csrc/transport/tcp/auth.h); python3's own dependencies bring the library.
 # (The fuzzer's clang and libclang-rt-14-dev are installed by tests/fuzz/run.sh, which runs on
 # the bookworm host only: they are not needed to build, and forky has no libclang-rt-14-dev.)
 [[ "${BRAID_SETUP_EXTRA:-}" ]] && pkgs+=(${BRAID_SETUP_EXTRA})

@@ -16,7 +16,7 @@ if [[ "${1:-}" == "--suite" ]]; then suite=$2; shift 2; fi
 repo=$(cd "$(dirname "$0")/.." && pwd)
 base=${BRAID_ROOT_DIR:-/var/tmp/braid-roots}
 root=$base/$suite
-pkgs=python3-torch,libtorch-dev,pybind11-dev,python3-pytest,g++,cmake,make,python3-dev,python3-setuptools,ccache,libgtest-dev,procps,python3-matplotlib,python3-venv,python3-pip,libssl-dev,iproute2
+pkgs=python3-torch,libtorch-dev,pybind11-dev,python3-pytest,g++,cmake,make,python3-dev,python3-setuptools,ccache,libgtest-dev,procps,python3-matplotlib,python3-venv,python3-pip,iproute2
 # torch 2.14's Python headers include <fmt/format.h>; its libtorch-dev does not pull it in.
 [[ $suite == trixie ]] || pkgs+=,libfmt-dev
 # Hugging Face Accelerate (tests/python/test_clients_accelerate.py): Debian ships it from forky on.
@@ -54,6 +54,20 @@ if ((${#missing[@]})); then
   chroot "$root" /bin/bash -c "apt-get -o Acquire::Check-Valid-Until=false update -qq && DEBIAN_FRONTEND=noninteractive \
     apt-get install -y -qq --no-install-recommends ${missing[*]}" >"$base/$suite-extra.log" 2>&1 || {
     tail -20 "$base/$suite-extra.log" >&2
+    exit 1
+  }
+fi
+
+# braid needs no OpenSSL headers (Note [libcrypto at run time] in
+# csrc/transport/tcp/auth.h): the trixie leg proves it by building without
+# them. Roots persist across runs, and older ones were made with libssl-dev.
+# libcrypto itself (libssl3t64) stays: python3 depends on it.
+if [[ $suite == trixie ]] &&
+  chroot "$root" dpkg-query -W -f='${Status}' libssl-dev 2>/dev/null | grep -q "install ok installed"; then
+  echo "torch2_root: removing libssl-dev from the $suite root (braid builds without it)" >&2
+  chroot "$root" /bin/bash -c "DEBIAN_FRONTEND=noninteractive apt-get remove -y -qq libssl-dev" \
+    >"$base/$suite-remove.log" 2>&1 || {
+    tail -20 "$base/$suite-remove.log" >&2
     exit 1
   }
 fi
