@@ -14,6 +14,14 @@
 // - int8: the int8 hook (hooks/int8_kernels.h).
 // kernels.cu is compiled with -fmad=false: a fused multiply-add would round
 // once where the CPU rounds twice (the int8 residual and dequantized sums).
+//
+// Note [NaN payloads]
+// "Bit for bit" holds for every value but one: a NaN produced by arithmetic
+// (SUM, PRODUCT, scale, divide, casts of a sum) on a GPU is the canonical
+// 0x7fffffff, where x86 passes an input NaN's sign and payload on. It is a
+// NaN either way (torch's CUDA ops behave the same). MIN/MAX select an input
+// without arithmetic, and the fp16/bf16 conversions are integer code, so
+// those keep the payload on both. Checked on an H100 (test_cuda_runtime).
 #pragma once
 
 #include <stddef.h>

@@ -121,7 +121,12 @@ class SimDevice final : public DeviceApi {
                          s->label()));
     }
     const uint64_t g = e->beginRecord(s);
-    s->enqueue("eventRecord", [e, g] { e->complete(g); }, /*work=*/false);
+    try {
+      s->enqueue("eventRecord", [e, g] { e->complete(g); }, /*work=*/false);
+    } catch (...) {
+      e->complete(g);  // the stream was destroyed meanwhile: nothing may wait for g forever
+      throw;
+    }
   }
 
   void streamWaitEvent(Stream sh, Event handle) override {

@@ -137,17 +137,31 @@ TEST(CudaSim, StreamWaitEventOrdersTheConsumer) {
 }
 
 // The control for the test above (atomics, so that the deliberate missing
-// order is not a data race): the delay does expose a missing wait.
+// order is not a data race): without the wait the consumer runs first. A
+// gate instead of a delay makes that certain on a loaded machine.
 TEST(CudaSim, WithoutTheWaitTheConsumerReadsStaleData) {
   StreamHolder producer, consumer;
   std::atomic<int> value{0};
   int seen = -1;
-  dev().setStreamDelay(producer.s, milliseconds(30));
+  Gate gate;
+  gate.block(producer.s);
   dev().launchHostFunc(producer.s, [&] { value = 42; });
   dev().launchHostFunc(consumer.s, [&] { seen = value.load(); });
   dev().streamSynchronize(consumer.s);
   EXPECT_EQ(seen, 0);
+  gate.open.set_value();
   dev().streamSynchronize(producer.s);
+}
+
+TEST(CudaSim, SetStreamDelayDelaysEveryLaterTask) {
+  StreamHolder s;
+  dev().launchHostFunc(s.s, [] {});  // enqueued before the delay: not delayed
+  dev().setStreamDelay(s.s, milliseconds(20));
+  const auto start = std::chrono::steady_clock::now();
+  for (int i = 0; i < 3; ++i) dev().launchHostFunc(s.s, [] {});
+  dev().streamSynchronize(s.s);
+  EXPECT_GE(std::chrono::steady_clock::now() - start, milliseconds(60));
+  dev().setStreamDelay(s.s, microseconds(0));
 }
 
 TEST(CudaSim, EventNeverRecordedIsComplete) {
