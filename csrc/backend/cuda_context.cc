@@ -5,7 +5,10 @@
 #include <thread>
 
 #include "common/error.h"
+#include "common/logging.h"
 #include "common/settings.h"
+#include "cuda/nccl_api.h"
+#include "cuda/nccl_executor.h"
 
 namespace braid {
 
@@ -15,6 +18,7 @@ BRAID_SETTING_INT(kStagingBytes, "BRAID_CUDA_STAGING_BYTES", int64_t{1} << 30,
 
 namespace {
 std::atomic<cuda::DeviceApi*> gSimulated{nullptr};
+std::atomic<cuda::NcclApi*> gSimulatedNccl{nullptr};
 
 size_t roundUp(size_t bytes) {
   size_t cap = 4096;
@@ -38,6 +42,30 @@ void useSimulatedCuda(int devices) {
 }
 
 bool simulatedCudaInUse() { return gSimulated.load(std::memory_order_acquire) != nullptr; }
+
+void useSimulatedNccl(cuda::NcclApi* nccl) {
+  gSimulatedNccl.store(nccl, std::memory_order_release);
+}
+
+namespace {
+// The NCCL that pairs with `api`, or null (and why) when there is none: a
+// simulated device never runs the real NCCL.
+cuda::NcclApi* ncclFor(cuda::DeviceApi& api, std::string* why) {
+  if (api.simulated()) {
+    cuda::NcclApi* sim = gSimulatedNccl.load(std::memory_order_acquire);
+    if (!sim) *why = "the simulated device has no NCCL";
+    return sim;
+  }
+  try {
+    cuda::NcclApi& lib = cuda::ncclLibrary();
+    lib.version();
+    return &lib;
+  } catch (const std::exception& e) {
+    *why = e.what();
+    return nullptr;
+  }
+}
+}  // namespace
 
 PinnedPool::PinnedPool(cuda::DeviceApi& api, size_t idleLimit) : api_(api), idleLimit_(idleLimit) {}
 
@@ -78,9 +106,13 @@ size_t PinnedPool::idleBytes() {
   return idleBytes_;
 }
 
-CudaContext::CudaContext(int rank, c10::Device device)
-    : rank_(rank), device_(device), api_(cudaApi()), futureStream_(poolStreamOf(device)) {
-  BRAID_ENFORCE(device.index() >= 0 && device.index() < api_.deviceCount(), "cuda", rank,
+CudaContext::CudaContext(const CudaGroupInfo& group, c10::Device device)
+    : group_(group),
+      rank_(group.rank),
+      device_(device),
+      api_(cudaApi()),
+      futureStream_(poolStreamOf(device)) {
+  BRAID_ENFORCE(device.index() >= 0 && device.index() < api_.deviceCount(), "cuda", rank_,
                 "device ", device.str(), " does not exist (", api_.deviceCount(),
                 " CUDA devices on ", api_.name(), ")");
   comm_ = api_.streamCreate(device.index());
@@ -88,6 +120,7 @@ CudaContext::CudaContext(int rank, c10::Device device)
 }
 
 CudaContext::~CudaContext() {
+  shutdownNccl(false);
   // Nothing may still read or write memory that is about to go: the comm
   // stream drains (each op on it ended by its deadline or failed), then the
   // kept tensors and pinned blocks are dropped.
@@ -187,6 +220,59 @@ void CudaContext::hostWait(void* ev, std::chrono::steady_clock::time_point deadl
   }
 }
 
+void CudaContext::choose() {
+  std::string noNccl;
+  cuda::NcclApi* nccl = ncclFor(api_, &noNccl);
+  cuda::CudaRankInfo mine;
+  mine.setting = cuda::cudaExecutorSetting(rank_);
+  mine.ncclVersion = nccl ? nccl->version() : 0;
+  mine.uuid = api_.deviceUuid(device_.index());
+  std::string missing;
+  auto deadline = std::chrono::steady_clock::now() + group_.timeout;
+  std::vector<std::string> all = transport::exchangeThroughStore(
+      *group_.store, [](int r) { return strCat("cuda/info/", r); }, rank_, group_.size,
+      mine.encode(), deadline, &missing);
+  std::vector<cuda::CudaRankInfo> infos;
+  for (int r = 0; r < group_.size; ++r) infos.push_back(cuda::CudaRankInfo::decode(all[r], r));
+  cuda::CudaExecutorChoice c = cuda::chooseCudaExecutor(infos, rank_);
+  if (c.kind == cuda::CudaExecutorKind::kNccl) {
+    cuda::NcclExecutor::Options o;
+    o.rank = rank_;
+    o.size = group_.size;
+    o.storePrefix = "cuda/";
+    o.timeout = group_.timeout;
+    nccl_ = std::make_unique<cuda::NcclExecutor>(*nccl, api_, *group_.store, o);
+    ncclLive_.store(nccl_.get(), std::memory_order_release);
+    if (aborted_.load()) nccl_->abort(strCat("braid: the group was aborted (rank ", rank_, ")"));
+  }
+  choice_ = strCat(cuda::toString(c.kind), ": ", c.reason,
+                   nccl || c.kind == cuda::CudaExecutorKind::kNccl ? "" : strCat(" (", noNccl, ")"));
+  BRAID_LOG(kInfo, "cuda", rank_) << "CUDA ops on " << device_.str() << " run " << choice_;
+}
+
+void CudaContext::abort() {
+  aborted_.store(true);
+  if (auto* n = ncclLive_.load(std::memory_order_acquire)) {
+    n->abort(strCat("braid: the group was aborted (abort() on rank ", rank_, ")"));
+  }
+}
+
+cuda::NcclExecutor* CudaContext::nccl() {
+  std::call_once(chosen_, [this] { choose(); });
+  return nccl_.get();
+}
+
+std::string CudaContext::executorDescription() { return choice_; }
+
+void CudaContext::shutdownNccl(bool drain) {
+  // Once: a later abort() finds nothing left to abort.
+  cuda::NcclExecutor* n = ncclLive_.exchange(nullptr, std::memory_order_acq_rel);
+  if (!n) return;
+  // Draining waits for pending ops (each ends by its deadline); otherwise
+  // idle communicators are destroyed and busy ones aborted.
+  n->shutdown(drain ? group_.timeout : std::chrono::milliseconds(0));
+}
+
 void CudaContext::setCommDelay(std::chrono::microseconds d) { api_.setStreamDelay(comm_, d); }
 
 void CudaContext::bindThread() { api_.setDevice(device_.index()); }
@@ -194,7 +280,7 @@ void CudaContext::bindThread() { api_.setDevice(device_.index()); }
 std::shared_ptr<CudaContext> CudaBinding::get(c10::Device device, const char* op) {
   std::lock_guard<std::mutex> lock(mu_);
   if (!ctx_) {
-    ctx_ = std::make_shared<CudaContext>(rank_, device);
+    ctx_ = std::make_shared<CudaContext>(group_, device);
   } else {
     // Note [One device per group]
     // As with NCCL, a group's CUDA ops run on one device: its comm stream,

@@ -17,6 +17,15 @@
 #include <vector>
 
 #include "cuda/device_api.h"
+#include "cuda/executor_choice.h"
+#include "transport/store.h"
+
+namespace braid {
+namespace cuda {
+class NcclApi;
+class NcclExecutor;
+}  // namespace cuda
+}  // namespace braid
 
 namespace braid {
 
@@ -27,6 +36,18 @@ cuda::DeviceApi& cudaApi();
 // Test-only: serve CUDA tensors with the simulated device from now on.
 void useSimulatedCuda(int devices);
 bool simulatedCudaInUse();
+// Test-only: the NCCL that groups on the simulated device use (threads as
+// ranks, cuda/nccl_sim.h); without one they stage (no NCCL runs on a
+// simulated device).
+void useSimulatedNccl(cuda::NcclApi* nccl);
+
+// What a group needs to choose and build its CUDA executor.
+struct CudaGroupInfo {
+  int rank = 0;
+  int size = 1;
+  std::shared_ptr<transport::Store> store;  // the group's keys, prefixed
+  std::chrono::milliseconds timeout{0};
+};
 
 // An event from a context's pool, returned to it when the last owner drops it.
 using PooledEvent = std::shared_ptr<void>;
@@ -58,8 +79,18 @@ class PinnedPool {
 
 class CudaContext : public std::enable_shared_from_this<CudaContext> {
  public:
-  CudaContext(int rank, c10::Device device);
+  CudaContext(const CudaGroupInfo& group, c10::Device device);
   ~CudaContext();
+
+  // The group's executor for collectives (Note [Choosing a CUDA executor]
+  // in cuda/executor_choice.h): decided at the first CUDA collective, on
+  // every rank at once, through the store. null: staged.
+  cuda::NcclExecutor* nccl();
+  // "nccl" or "staged" and why, once chosen; "" before.
+  std::string executorDescription();
+  // Shuts the NCCL executor down: `drain` lets pending ops finish first,
+  // else idle communicators are destroyed and busy ones aborted.
+  void shutdownNccl(bool drain);
 
   c10::Device device() const { return device_; }
   cuda::DeviceApi& api() const { return api_; }
@@ -82,7 +113,8 @@ class CudaContext : public std::enable_shared_from_this<CudaContext> {
   // naming `op`; an abort() fails it at once.
   void hostWait(void* ev, std::chrono::steady_clock::time_point deadline,
                 std::chrono::milliseconds timeout, const char* op);
-  void abort() { aborted_.store(true); }
+  // Host waits fail at once, and the NCCL executor (if any) aborts.
+  void abort();
   // Test-only (simulated device): delays every task of the comm stream.
   void setCommDelay(std::chrono::microseconds d);
   // Makes the calling thread's CUDA device this context's (the worker's first
@@ -90,8 +122,14 @@ class CudaContext : public std::enable_shared_from_this<CudaContext> {
   void bindThread();
 
  private:
+  const CudaGroupInfo group_;
   const int rank_;
   const c10::Device device_;
+  std::once_flag chosen_;
+  std::string choice_;
+  std::unique_ptr<cuda::NcclExecutor> nccl_;
+  std::atomic<cuda::NcclExecutor*> ncclLive_{nullptr};  // nccl_, for abort() from any thread
+  void choose();
   cuda::DeviceApi& api_;
   cuda::Stream comm_ = nullptr;
   c10::Stream futureStream_;
@@ -111,7 +149,7 @@ class CudaContext : public std::enable_shared_from_this<CudaContext> {
 // every later one must use the same (Note [One device per group]).
 class CudaBinding {
  public:
-  explicit CudaBinding(int rank) : rank_(rank) {}
+  explicit CudaBinding(CudaGroupInfo group) : group_(std::move(group)), rank_(group_.rank) {}
   // The group's context for `device`, created on first use; throws naming op,
   // rank and both devices when the group is bound to another.
   std::shared_ptr<CudaContext> get(c10::Device device, const char* op);
@@ -119,6 +157,7 @@ class CudaBinding {
   std::shared_ptr<CudaContext> existing();
 
  private:
+  const CudaGroupInfo group_;
   const int rank_;
   std::mutex mu_;
   std::shared_ptr<CudaContext> ctx_;

@@ -3,6 +3,8 @@
 
 #include "backend/coalesced_work.h"
 #include "backend/cuda_op.h"
+#include "cuda/nccl_api.h"
+#include "cuda/nccl_executor.h"
 #include "backend/engine.h"
 #include "backend/store_adapter.h"
 #include "backend/tensor_args.h"
@@ -52,17 +54,28 @@ ProcessGroupBraid::ProcessGroupBraid(const c10::intrusive_ptr<c10d::Store>& stor
   auto group = collectives::makeGroup(adapted, rank, size, opts);  // Note [Choosing a group's transport]
   const std::string how = group->describe();
   engine_ = std::make_unique<Engine>(std::move(group), timeout);
-  cuda_ = std::make_unique<CudaBinding>(rank);
+  CudaGroupInfo cudaInfo;
+  cudaInfo.rank = rank;
+  cudaInfo.size = size;
+  cudaInfo.store = std::make_shared<StoreAdapter>(store, prefix);
+  cudaInfo.timeout = timeout;
+  cuda_ = std::make_unique<CudaBinding>(std::move(cudaInfo));
   fr_ = std::make_unique<GroupRecorder>(store, prefix, rank, size);
   BRAID_LOG(kInfo, "backend", rank) << "group '" << groupName << "' of " << size
                                     << " ranks ready (" << how << ")";
 }
 
-ProcessGroupBraid::~ProcessGroupBraid() { abort(); }
+ProcessGroupBraid::~ProcessGroupBraid() {
+  // A group dropped with nothing pending destroys its NCCL communicators
+  // rather than aborting them (abort() warns, and is for failures).
+  if (auto ctx = cuda_ ? cuda_->existing() : nullptr) ctx->shutdownNccl(/*drain=*/false);
+  abort();
+}
 
 void ProcessGroupBraid::shutdown() {
   if (!engine_) return;
   engine_->drain();
+  if (auto ctx = cuda_ ? cuda_->existing() : nullptr) ctx->shutdownNccl(/*drain=*/true);
   if (fr_) fr_->dumpIfAsked();  // Note [Flight-recorder dumps]
   engine_->shutdown();
 }
@@ -235,6 +248,11 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupBraid::allreduce(std::vector<at::Tens
     d.redop = args::reduceOpOf(opts.reduceOp, d.dtype, "allreduce", rank, &factor);
     d.count = t.numel();
     d.shape = args::shapeOf(t);
+    if (onNccl(t, "allreduce") && cuda::ncclSupports(d.dtype, d.redop)) {
+      return ncclLaunch(c10d::OpType::ALLREDUCE, "braid:allreduce", tensors, tensors,
+                        cuda::NcclOpKind::kAllreduce, t.data_ptr(), t.data_ptr(), d.count, d.dtype,
+                        d.redop, factor, 0, opts.timeout);
+    }
     auto st = args::Staged::in(t);
     const bool premul = d.redop == ReduceOp::kPremulSum;
     if (premul) d.redop = ReduceOp::kSum;  // the sum of pre-scaled copies
@@ -308,6 +326,11 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupBraid::broadcast(std::vector<at::Tens
     d.root = static_cast<int>(opts.rootRank);
     d.count = t.numel();
     d.shape = args::shapeOf(t);
+    if (onNccl(t, "broadcast")) {
+      return ncclLaunch(c10d::OpType::BROADCAST, "braid:broadcast", tensors, tensors,
+                        cuda::NcclOpKind::kBroadcast, t.data_ptr(), t.data_ptr(), d.count, d.dtype,
+                        ReduceOp::kSum, 1.0, d.root, opts.timeout);
+    }
     auto st = args::Staged::in(t);
     Engine* e = engine_.get();
     return launch(d, c10d::OpType::BROADCAST, "braid:broadcast", tensors, [e, d, st] {
@@ -330,6 +353,11 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupBraid::reduce(std::vector<at::Tensor>
     d.root = static_cast<int>(opts.rootRank);
     d.count = t.numel();
     d.shape = args::shapeOf(t);
+    if (onNccl(t, "reduce") && cuda::ncclSupports(d.dtype, d.redop)) {
+      return ncclLaunch(c10d::OpType::REDUCE, "braid:reduce", tensors, tensors,
+                        cuda::NcclOpKind::kReduce, t.data_ptr(), t.data_ptr(), d.count, d.dtype,
+                        d.redop, factor, d.root, opts.timeout);
+    }
     auto st = args::Staged::in(t);
     const bool premul = d.redop == ReduceOp::kPremulSum;
     if (premul) d.redop = ReduceOp::kSum;

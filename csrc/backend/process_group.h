@@ -19,6 +19,9 @@ namespace braid {
 class Engine;       // backend/engine.h: worker thread, transport, collectives
 class CudaBinding;  // backend/cuda_context.h: the group's CUDA device and comm stream
 class CudaContext;
+namespace cuda {
+enum class NcclOpKind;  // cuda/nccl_executor.h
+}
 
 class ProcessGroupBraid : public compat::BackendBase {
  public:
@@ -140,6 +143,16 @@ class ProcessGroupBraid : public compat::BackendBase {
   collectives::OpDesc desc(collectives::OpKind kind, std::chrono::milliseconds optTimeout) const;
   c10::intrusive_ptr<c10d::Work> sendRecv(bool isSend, std::vector<at::Tensor>& tensors, int peer,
                                           int tag);
+  // process_group_nccl.cc: whether a collective on `t` runs on the group's
+  // NCCL executor (Note [Choosing a CUDA executor]), and running it there.
+  bool onNccl(const at::Tensor& t, const char* op);
+  c10::intrusive_ptr<c10d::Work> ncclLaunch(c10d::OpType type, const char* title,
+                                            std::vector<at::Tensor> outputs,
+                                            const std::vector<at::Tensor>& inputs,
+                                            cuda::NcclOpKind kind,
+                                            const void* in, void* out, size_t count,
+                                            DataType dtype, ReduceOp redop, double factor,
+                                            int root, std::chrono::milliseconds timeout);
   // process_group_sparse.cc: allreduce of one sparse COO tensor (SUM), as gloo's.
   c10::intrusive_ptr<c10d::Work> allreduceSparse(std::vector<at::Tensor>& tensors,
                                                  const c10d::AllreduceOptions& opts);

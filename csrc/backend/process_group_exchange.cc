@@ -2,6 +2,8 @@
 #include "backend/cuda_op.h"
 #include "backend/coalesced_work.h"
 #include "backend/engine.h"
+#include "cuda/nccl_api.h"
+#include "cuda/nccl_executor.h"
 #include "backend/process_group.h"
 #include "backend/tensor_args.h"
 #include "backend/work.h"
@@ -63,6 +65,11 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupBraid::_reduce_scatter_base(
     d.count = output.numel();
     d.shape = args::shapeOf(output);
     args::checkSame({input}, d.dtype, output.numel() * n, "input", "reduce_scatter", rank);
+    if (onNccl(input, "reduce_scatter") && cuda::ncclSupports(d.dtype, d.redop)) {
+      return ncclLaunch(c10d::OpType::_REDUCE_SCATTER_BASE, "braid:_reduce_scatter_base",
+                        {output}, {input}, cuda::NcclOpKind::kReduceScatter, input.data_ptr(),
+                        output.data_ptr(), d.count, d.dtype, d.redop, factor, 0, opts.timeout);
+    }
     auto in = Staged::in(input);
     const bool premul = d.redop == ReduceOp::kPremulSum;
     if (premul) d.redop = ReduceOp::kSum;

@@ -2,6 +2,7 @@
 // reduce_scatter and alltoall, in their list and flat-tensor forms.
 #include "backend/coalesced_work.h"
 #include "backend/engine.h"
+#include "cuda/nccl_executor.h"
 #include "backend/process_group.h"
 #include "backend/tensor_args.h"
 #include "collectives/shm/collectives.h"
@@ -75,6 +76,11 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupBraid::_allgather_base(
     d.count = input.numel();
     d.shape = args::shapeOf(input);
     args::checkSame({output}, d.dtype, input.numel() * n, "output", "allgather", rank);
+    if (onNccl(input, "allgather")) {
+      return ncclLaunch(c10d::OpType::_ALLGATHER_BASE, "braid:_allgather_base", {output}, {input},
+                        cuda::NcclOpKind::kAllgather, input.data_ptr(), output.data_ptr(),
+                        d.count, d.dtype, ReduceOp::kSum, 1.0, 0, opts.timeout);
+    }
     auto src = Staged::in(input);
     auto dst = Staged::out(output);
     Engine* e = engine_.get();

@@ -56,7 +56,7 @@ TEST(Backend, ArgumentErrorsNameOpRankAndValue) {
       ADD_FAILURE() << "meta tensor accepted";
     } catch (const std::exception& e) {
       EXPECT_NE(std::string(e.what()).find("braid allreduce (rank " + std::to_string(r) +
-                                           "): tensors must be on the CPU, got meta"),
+                                           "): tensors must be on the CPU or a CUDA device, got meta"),
                 std::string::npos)
           << e.what();
     }

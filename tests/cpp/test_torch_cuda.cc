@@ -1,0 +1,156 @@
+// The backend's CUDA path on the simulated device (Note [Simulated CUDA in
+// tests] in backend/sim_cuda.h), ranks as threads over a HashStore: both
+// executors, chosen per group (Note [Choosing a CUDA executor]), with the
+// simulated NCCL (cuda/nccl_sim.h) standing in for NCCL. Rank r uses
+// simulated device r, so NCCL can serve the group.
+#include <gtest/gtest.h>
+#include <c10/core/impl/VirtualGuardImpl.h>
+#include <torch/csrc/distributed/c10d/HashStore.hpp>
+
+#include <cstdlib>
+#include <thread>
+
+#include "backend/cuda_context.h"
+#include "backend/process_group.h"
+#include "backend/sim_cuda.h"
+#include "cuda/nccl_sim.h"
+
+namespace {
+
+using PG = c10::intrusive_ptr<braid::ProcessGroupBraid>;
+constexpr int kDevices = 4;
+
+class CudaBackend : public ::testing::TestWithParam<const char*> {
+ protected:
+  static void SetUpTestSuite() {
+    braid::sim::install(kDevices);
+    static braid::cuda::SimulatedNccl nccl(braid::cuda::simulatedDevice());
+    braid::useSimulatedNccl(&nccl);
+  }
+  void SetUp() override { setenv("BRAID_CUDA_EXECUTOR", GetParam(), 1); }
+  void TearDown() override { unsetenv("BRAID_CUDA_EXECUTOR"); }
+
+  static std::vector<PG> makeGroup(int n) {
+    auto store = c10::make_intrusive<c10d::HashStore>();
+    std::vector<PG> pgs(n);
+    std::vector<std::thread> ts;
+    for (int r = 0; r < n; ++r) {
+      ts.emplace_back([&, r] {
+        pgs[r] = c10::make_intrusive<braid::ProcessGroupBraid>(store, r, n, std::chrono::seconds(20));
+      });
+    }
+    for (auto& t : ts) t.join();
+    return pgs;
+  }
+  template <typename F>
+  static void onRanks(int n, F fn) {
+    std::vector<std::thread> ts;
+    for (int r = 0; r < n; ++r) {
+      ts.emplace_back([&, r] {
+        // Each rank's thread works on its own device, as a process would.
+        c10::impl::VirtualGuardImpl(c10::DeviceType::CUDA)
+            .setDevice(c10::Device(c10::DeviceType::CUDA, r));
+        fn(r);
+      });
+    }
+    for (auto& t : ts) t.join();
+  }
+  static at::Tensor onDevice(const at::Tensor& host, int device) {
+    at::Tensor t = braid::sim::empty(host.sizes(), host.scalar_type(), device);
+    braid::sim::write(t, host);
+    return t;
+  }
+};
+
+TEST_P(CudaBackend, CollectivesMatchClosedForms) {
+  const int n = 3;
+  auto pgs = makeGroup(n);
+  onRanks(n, [&](int r) {
+    const int64_t count = 1000;
+    // allreduce SUM, then a bitwise op NCCL lacks (the staged path in an NCCL group)
+    std::vector<at::Tensor> t{onDevice(at::full({count}, float(r + 1)), r)};
+    pgs[r]->allreduce(t)->wait();
+    EXPECT_TRUE(braid::sim::read(t[0]).equal(at::full({count}, 6.f)));
+    std::vector<at::Tensor> b{onDevice(at::full({count}, int64_t(1) << r, at::kLong), r)};
+    c10d::AllreduceOptions bor;
+    bor.reduceOp = c10d::ReduceOp::BOR;
+    pgs[r]->allreduce(b, bor)->wait();
+    EXPECT_TRUE(braid::sim::read(b[0]).equal(at::full({count}, 7, at::kLong)));
+    // broadcast from rank 1
+    std::vector<at::Tensor> c{onDevice(at::arange(count).to(at::kFloat) * (r + 1), r)};
+    c10d::BroadcastOptions bo;
+    bo.rootRank = 1;
+    pgs[r]->broadcast(c, bo)->wait();
+    EXPECT_TRUE(braid::sim::read(c[0]).equal(at::arange(count).to(at::kFloat) * 2));
+    // all_gather_into_tensor and reduce_scatter_tensor
+    at::Tensor in = onDevice(at::full({count}, double(r), at::kDouble), r);
+    at::Tensor out = braid::sim::empty({n * count}, at::kDouble, r);
+    pgs[r]->_allgather_base(out, in)->wait();
+    std::vector<at::Tensor> parts;
+    for (int q = 0; q < n; ++q) parts.push_back(at::full({count}, double(q), at::kDouble));
+    EXPECT_TRUE(braid::sim::read(out).equal(at::cat(parts)));
+    at::Tensor rsIn = onDevice(at::arange(n * count).to(at::kDouble), r);
+    at::Tensor rsOut = braid::sim::empty({count}, at::kDouble, r);
+    pgs[r]->_reduce_scatter_base(rsOut, rsIn)->wait();
+    EXPECT_TRUE(braid::sim::read(rsOut).equal(at::arange(r * count, (r + 1) * count)
+                                                  .to(at::kDouble) * n));
+  });
+}
+
+TEST_P(CudaBackend, FutureKnowsItsDeviceAndTheExecutorIsShown) {
+  const int n = 2;
+  auto pgs = makeGroup(n);
+  onRanks(n, [&](int r) {
+    std::vector<at::Tensor> t{onDevice(at::ones({8}), r)};
+    auto work = pgs[r]->allreduce(t);
+    auto fut = work->getFuture();
+    fut->wait();
+    ASSERT_EQ(fut->devices().size(), 1u);
+    EXPECT_EQ(fut->devices()[0], c10::Device(c10::DeviceType::CUDA, r));
+    EXPECT_TRUE(braid::sim::read(fut->value().toTensorVector()[0]).equal(at::full({8}, 2.f)));
+    const std::string how = pgs[r]->cudaContext()->executorDescription();
+    EXPECT_EQ(how.rfind(GetParam(), 0), 0u) << how;
+  });
+}
+
+TEST_P(CudaBackend, CommStreamWaitsForTheCallersStream) {
+  const int n = 2;
+  auto pgs = makeGroup(n);
+  onRanks(n, [&](int r) {
+    const int64_t count = 1 << 14;
+    std::vector<at::Tensor> t{onDevice(at::zeros({count}), r)};
+    pgs[r]->allreduce(t)->wait();
+    // A slow producer on the caller's stream: its write lands 50 ms later.
+    braid::sim::delayCurrentStream(r, std::chrono::microseconds(50000));
+    braid::sim::write(t[0], at::full({count}, float(r + 1)));
+    braid::sim::delayCurrentStream(r, std::chrono::microseconds(0));
+    pgs[r]->allreduce(t)->wait();
+    EXPECT_TRUE(braid::sim::read(t[0]).equal(at::full({count}, 3.f)));
+  });
+}
+
+TEST_P(CudaBackend, AbortEndsAnOpWhosePeerNeverCame) {
+  const int n = 2;
+  auto pgs = makeGroup(n);
+  onRanks(n, [&](int r) {
+    std::vector<at::Tensor> t{onDevice(at::ones({4}), r)};
+    pgs[r]->allreduce(t)->wait();  // the executor exists on both ranks
+  });
+  // Rank 0 alone issues an op; rank 1 aborts it from another thread.
+  c10::impl::VirtualGuardImpl(c10::DeviceType::CUDA).setDevice(c10::Device(c10::DeviceType::CUDA, 0));
+  std::vector<at::Tensor> t{onDevice(at::ones({4}), 0)};
+  auto work = pgs[0]->allreduce(t);
+  std::thread aborter([&] {
+    std::this_thread::sleep_for(std::chrono::milliseconds(200));
+    pgs[0]->abort();
+  });
+  auto start = std::chrono::steady_clock::now();
+  EXPECT_THROW(work->wait(), std::exception);
+  aborter.join();
+  EXPECT_LT(std::chrono::steady_clock::now() - start, std::chrono::seconds(10));
+  pgs[1]->abort();
+}
+
+INSTANTIATE_TEST_SUITE_P(Executors, CudaBackend, ::testing::Values("staged", "nccl"));
+
+}  // namespace
