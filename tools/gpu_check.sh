@@ -364,8 +364,13 @@ s_build() {
     echo "== building _C failed; the C++ tests (torch-free) are built all the same"
   fi
   local targets=() tgt
-  for tgt in $(cmake --build "$BUILD" --target help 2>/dev/null | grep -oE '\btest_cuda[A-Za-z0-9_]*' |
-      sort -u); do targets+=("$tgt"); done
+  # The targets are named after tests/cpp/test_cuda_*.cc (CMakeLists.txt); ninja's target list
+  # also holds gtest_discover_tests' helper targets (test_cuda_X_<hash>_tests), not buildable.
+  if [[ -n $gt ]]; then
+    for tgt in tests/cpp/test_cuda_*.cc; do
+      [[ -f $tgt ]] && tgt=${tgt##*/} && targets+=("${tgt%.cc}")
+    done
+  fi
   local note=""
   if ((${#targets[@]} == 0)); then
     if [[ -z $gt ]]; then note="; C++ tests not configured: no GoogleTest"
