@@ -330,6 +330,13 @@ s_build() {
   torch_prefix=$("$PY" -c 'import torch; print(torch.utils.cmake_prefix_path)') || return 1
   command -v ninja >/dev/null && gen=(-G Ninja)
   command -v nvcc >/dev/null && kernels=ON
+  # Note [One libstdc++ per process] (cmake/SharedLibstdcxx.cmake): the H100 run built _C with
+  # /opt/gcc/bin/g++ and every group's construction crashed inside libstdc++ code linked into
+  # _C. The system's g++, whose libstdc++ is the shared one the process loads, goes first.
+  local cxx=${CXX:-}
+  [[ -z $cxx && -x /usr/bin/g++ ]] && cxx=/usr/bin/g++
+  [[ -n $cxx ]] && gen+=(-DCMAKE_CXX_COMPILER="$cxx")
+  echo "== C++ compiler: ${cxx:-the default} (libstdc++: $(${cxx:-g++} -print-file-name=libstdc++.so 2>&1))"
   prefix=$torch_prefix
   gt=$(gtest_prefix)
   [[ -n $gt && $gt != system ]] && prefix="$prefix;$gt"
