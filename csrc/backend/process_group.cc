@@ -249,9 +249,8 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupBraid::allreduce(std::vector<at::Tens
     d.count = t.numel();
     d.shape = args::shapeOf(t);
     if (onNccl(t, "allreduce") && cuda::ncclSupports(d.dtype, d.redop)) {
-      return ncclLaunch(c10d::OpType::ALLREDUCE, "braid:allreduce", tensors, tensors,
-                        cuda::NcclOpKind::kAllreduce, t.data_ptr(), t.data_ptr(), d.count, d.dtype,
-                        d.redop, factor, 0, opts.timeout);
+      return ncclLaunch(d, c10d::OpType::ALLREDUCE, "braid:allreduce", tensors, tensors,
+                        cuda::NcclOpKind::kAllreduce, t.data_ptr(), t.data_ptr(), factor);
     }
     auto st = args::Staged::in(t);
     const bool premul = d.redop == ReduceOp::kPremulSum;
@@ -327,9 +326,8 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupBraid::broadcast(std::vector<at::Tens
     d.count = t.numel();
     d.shape = args::shapeOf(t);
     if (onNccl(t, "broadcast")) {
-      return ncclLaunch(c10d::OpType::BROADCAST, "braid:broadcast", tensors, tensors,
-                        cuda::NcclOpKind::kBroadcast, t.data_ptr(), t.data_ptr(), d.count, d.dtype,
-                        ReduceOp::kSum, 1.0, d.root, opts.timeout);
+      return ncclLaunch(d, c10d::OpType::BROADCAST, "braid:broadcast", tensors, tensors,
+                        cuda::NcclOpKind::kBroadcast, t.data_ptr(), t.data_ptr(), 1.0);
     }
     auto st = args::Staged::in(t);
     Engine* e = engine_.get();
@@ -354,9 +352,8 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupBraid::reduce(std::vector<at::Tensor>
     d.count = t.numel();
     d.shape = args::shapeOf(t);
     if (onNccl(t, "reduce") && cuda::ncclSupports(d.dtype, d.redop)) {
-      return ncclLaunch(c10d::OpType::REDUCE, "braid:reduce", tensors, tensors,
-                        cuda::NcclOpKind::kReduce, t.data_ptr(), t.data_ptr(), d.count, d.dtype,
-                        d.redop, factor, d.root, opts.timeout);
+      return ncclLaunch(d, c10d::OpType::REDUCE, "braid:reduce", tensors, tensors,
+                        cuda::NcclOpKind::kReduce, t.data_ptr(), t.data_ptr(), factor);
     }
     auto st = args::Staged::in(t);
     const bool premul = d.redop == ReduceOp::kPremulSum;

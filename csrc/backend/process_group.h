@@ -146,13 +146,11 @@ class ProcessGroupBraid : public compat::BackendBase {
   // process_group_nccl.cc: whether a collective on `t` runs on the group's
   // NCCL executor (Note [Choosing a CUDA executor]), and running it there.
   bool onNccl(const at::Tensor& t, const char* op);
-  c10::intrusive_ptr<c10d::Work> ncclLaunch(c10d::OpType type, const char* title,
-                                            std::vector<at::Tensor> outputs,
+  c10::intrusive_ptr<c10d::Work> ncclLaunch(const collectives::OpDesc& d, c10d::OpType type,
+                                            const char* title, std::vector<at::Tensor> outputs,
                                             const std::vector<at::Tensor>& inputs,
-                                            cuda::NcclOpKind kind,
-                                            const void* in, void* out, size_t count,
-                                            DataType dtype, ReduceOp redop, double factor,
-                                            int root, std::chrono::milliseconds timeout);
+                                            cuda::NcclOpKind kind, const void* in, void* out,
+                                            double factor);
   // process_group_sparse.cc: allreduce of one sparse COO tensor (SUM), as gloo's.
   c10::intrusive_ptr<c10d::Work> allreduceSparse(std::vector<at::Tensor>& tensors,
                                                  const c10d::AllreduceOptions& opts);

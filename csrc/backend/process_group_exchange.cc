@@ -66,9 +66,9 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupBraid::_reduce_scatter_base(
     d.shape = args::shapeOf(output);
     args::checkSame({input}, d.dtype, output.numel() * n, "input", "reduce_scatter", rank);
     if (onNccl(input, "reduce_scatter") && cuda::ncclSupports(d.dtype, d.redop)) {
-      return ncclLaunch(c10d::OpType::_REDUCE_SCATTER_BASE, "braid:_reduce_scatter_base",
+      return ncclLaunch(d, c10d::OpType::_REDUCE_SCATTER_BASE, "braid:_reduce_scatter_base",
                         {output}, {input}, cuda::NcclOpKind::kReduceScatter, input.data_ptr(),
-                        output.data_ptr(), d.count, d.dtype, d.redop, factor, 0, opts.timeout);
+                        output.data_ptr(), factor);
     }
     auto in = Staged::in(input);
     const bool premul = d.redop == ReduceOp::kPremulSum;

@@ -77,9 +77,9 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupBraid::_allgather_base(
     d.shape = args::shapeOf(input);
     args::checkSame({output}, d.dtype, input.numel() * n, "output", "allgather", rank);
     if (onNccl(input, "allgather")) {
-      return ncclLaunch(c10d::OpType::_ALLGATHER_BASE, "braid:_allgather_base", {output}, {input},
-                        cuda::NcclOpKind::kAllgather, input.data_ptr(), output.data_ptr(),
-                        d.count, d.dtype, ReduceOp::kSum, 1.0, 0, opts.timeout);
+      return ncclLaunch(d, c10d::OpType::_ALLGATHER_BASE, "braid:_allgather_base", {output},
+                        {input}, cuda::NcclOpKind::kAllgather, input.data_ptr(),
+                        output.data_ptr(), 1.0);
     }
     auto src = Staged::in(input);
     auto dst = Staged::out(output);

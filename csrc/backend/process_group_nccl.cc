@@ -13,11 +13,21 @@
 // callback holds them). Ops NCCL lacks (gather, scatter, the list forms,
 // bitwise reductions) take the staged path (Note [The staged CUDA executor]),
 // which orders itself on the same caller stream, so the two mix freely.
+// Arguments the ranks disagree on (a count, a dtype, a root) would hang NCCL
+// or mix buffers of different sizes, so each NCCL op also runs its header
+// step through braid's CPU group (Group::checkOp), on the worker, without
+// holding up the caller or the device; the Work completes when both the
+// device and the check are done, and a mismatch aborts the NCCL op with the
+// same message a CPU op gives. Ranks whose arguments send one of them down
+// the NCCL path and another down the staged one meet in that same step.
 #include <c10/core/impl/VirtualGuardImpl.h>
+
+#include <mutex>
 
 #include "backend/cuda_context.h"
 #include "backend/cuda_op.h"
 #include "backend/process_group.h"
+#include "backend/engine.h"
 #include "backend/work.h"
 #include "cuda/nccl_api.h"
 #include "cuda/nccl_executor.h"
@@ -29,10 +39,29 @@ bool ProcessGroupBraid::onNccl(const at::Tensor& t, const char* op) {
   return cuda_->get(t.device(), op)->nccl() != nullptr;
 }
 
+namespace {
+// A Work that completes when both of its halves have: the NCCL op on the
+// device, and the header check on the host. The check's error wins: it names
+// the mismatch in braid's words, where NCCL's says only that it was aborted.
+struct Halves {
+  std::mutex mu;
+  int left = 2;
+  std::exception_ptr check, device;
+  // Returns the outcome once both halves are in, else false.
+  bool done(std::exception_ptr e, bool fromCheck, std::exception_ptr* outcome) {
+    std::lock_guard<std::mutex> lock(mu);
+    (fromCheck ? check : device) = e;
+    if (--left > 0) return false;
+    *outcome = check ? check : device;
+    return true;
+  }
+};
+}  // namespace
+
 c10::intrusive_ptr<c10d::Work> ProcessGroupBraid::ncclLaunch(
-    c10d::OpType type, const char* title, std::vector<at::Tensor> outputs,
-    const std::vector<at::Tensor>& inputs, cuda::NcclOpKind kind, const void* in, void* out, size_t count,
-    DataType dtype, ReduceOp redop, double factor, int root, std::chrono::milliseconds timeout) {
+    const collectives::OpDesc& d, c10d::OpType type, const char* title,
+    std::vector<at::Tensor> outputs, const std::vector<at::Tensor>& inputs, cuda::NcclOpKind kind,
+    const void* in, void* out, double factor) {
   std::shared_ptr<CudaContext> ctx = cuda_->existing();
   const c10::Device device = ctx->device();
   PooledEvent ready = ctx->event();
@@ -45,14 +74,14 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupBraid::ncclLaunch(
   op.kind = kind;
   op.in = in;
   op.out = out;
-  op.count = count;
-  op.dtype = dtype;
-  op.redop = redop;
+  op.count = d.count;
+  op.dtype = d.dtype;
+  op.redop = d.redop;
   op.premulFactor = factor;
-  op.root = root;
+  op.root = d.root;
   op.device = device.index();
   op.ready = ready.get();
-  op.timeout = timeout.count() > 0 ? timeout : this->timeout();
+  op.timeout = d.timeout;
   const uint64_t frId = frRecord(type, inputs, outputs);
   std::shared_ptr<cuda::NcclWork> nw = ctx->nccl()->run(op);
   fr_->started(frId);
@@ -64,10 +93,32 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupBraid::ncclLaunch(
   std::vector<at::Tensor> keep(inputs.begin(), inputs.end());
   keep.insert(keep.end(), outputs.begin(), outputs.end());
   GroupRecorder* fr = fr_.get();  // the executor is shut down before it goes
-  nw->onDone([work, fr, frId, keep = std::move(keep)](std::exception_ptr e) {
-    fr->finished(frId, e);
-    work->markDone(e);
-  });
+  auto halves = std::make_shared<Halves>();
+  auto finish = [halves, work, fr, frId](std::exception_ptr e, bool fromCheck) {
+    std::exception_ptr outcome;
+    if (!halves->done(e, fromCheck, &outcome)) return;
+    fr->finished(frId, outcome);
+    work->markDone(outcome);
+  };
+  // The header check (Note [The NCCL path in the backend]): the same step a
+  // CPU op starts with, on the worker, so the caller and the device never
+  // wait for it. At a mismatch the NCCL op (which may hang, or mix buffers
+  // of different sizes) is aborted with the check's message, and the group
+  // fails as a CPU op's group would.
+  Engine* engine = engine_.get();
+  Engine::Job check;
+  check.run = [engine, d, ctx]() -> std::exception_ptr {
+    try {
+      engine->group().checkOp(d);
+      return nullptr;
+    } catch (const std::exception& e) {
+      if (auto* n = ctx->nccl()) n->abort(e.what());
+      return std::current_exception();
+    }
+  };
+  check.finish = [finish](std::exception_ptr e) { finish(e, true); };
+  engine_->submit(std::move(check));
+  nw->onDone([finish, keep = std::move(keep)](std::exception_ptr e) { finish(e, false); });
   return tracked(work);
 }
 

@@ -51,6 +51,11 @@ class Group {
   virtual void barrier(const OpDesc& op) = 0;
   // A rank that failed op's argument checks tells its peers (Note [Op headers]).
   virtual void failOp(const OpDesc& op) = 0;
+  // The header step of `op` alone: every rank's header is compared with this
+  // one's, and a mismatch throws the Error that op itself would have thrown.
+  // For ops whose data moves elsewhere (Note [The NCCL path in the backend]).
+  // Every transport's barrier is exactly that step.
+  void checkOp(const OpDesc& op) { barrier(op); }
 
   // After an error that leaves ranks out of step: later ops fail at once.
   virtual void markBroken(const std::string& why) = 0;

@@ -151,6 +151,29 @@ TEST_P(CudaBackend, AbortEndsAnOpWhosePeerNeverCame) {
   pgs[1]->abort();
 }
 
+TEST_P(CudaBackend, RanksThatDisagreeFailWithTheMismatchNotAHang) {
+  const int n = 2;
+  auto pgs = makeGroup(n);
+  onRanks(n, [&](int r) {
+    std::vector<at::Tensor> t{onDevice(at::ones({4}), r)};
+    pgs[r]->allreduce(t)->wait();
+    // Rank 1 passes twice as many elements.
+    std::vector<at::Tensor> u{onDevice(at::ones({r == 0 ? 8 : 16}), r)};
+    auto start = std::chrono::steady_clock::now();
+    try {
+      pgs[r]->allreduce(u)->wait();
+      ADD_FAILURE() << "rank " << r << ": a count mismatch went through";
+    } catch (const std::exception& e) {
+      // braid's header check names both shapes (NCCL itself would hang or
+      // read past the shorter buffer; the simulated one only says "aborted").
+      const std::string what = e.what();
+      EXPECT_NE(what.find("passed shape [" + std::to_string(r == 0 ? 16 : 8) + "]"),
+                std::string::npos) << what;
+    }
+    EXPECT_LT(std::chrono::steady_clock::now() - start, std::chrono::seconds(10));
+  });
+}
+
 INSTANTIATE_TEST_SUITE_P(Executors, CudaBackend, ::testing::Values("staged", "nccl"));
 
 }  // namespace
