@@ -5,7 +5,9 @@
 #include <torch/csrc/utils/pybind.h>
 
 #include "backend/engine.h"
+#include "backend/cuda_context.h"
 #include "backend/process_group.h"
+#include "cuda/cuda_kernels.h"
 #include "common/exit_guard.h"
 #include "backend/python_parts.h"
 #include "common/settings.h"
@@ -57,11 +59,10 @@ py::dict buildInfo() {
   d["torch_api"] = braid::compat::kTorch2 ? "c10d::Backend (torch 2.x)"
                                           : "c10d::ProcessGroup (torch 1.x)";
   d["simd"] = braid::reduce::simdLevel();
-#ifdef BRAID_WITH_CUDA
+  // The CUDA path is always built (Note [The device seam]); the GPU kernels
+  // only where nvcc was found.
   d["cuda"] = true;
-#else
-  d["cuda"] = false;
-#endif
+  d["cuda_kernels"] = braid::cuda::haveKernels();
   // Within a host and between hosts (Note [Choosing a group's transport]).
   d["transports"] = std::vector<std::string>{"shm", "tcp"};
   // Note [One pybind11 per process] (CMakeLists.txt): the headers used.
@@ -170,6 +171,14 @@ PYBIND11_MODULE(_C, m) {
       .def("errored", &erroredAsException,
            "torchft's errored(): the error that made the group unusable (a timeout, a lost "
            "peer, abort()), as an exception object, or None while the group is usable.")
+      .def(
+          "_cuda_executor",
+          [](const braid::ProcessGroupBraid& pg) {
+            auto ctx = pg.cudaContext();
+            return ctx ? ctx->executorDescription() : std::string();
+          },
+          "Which executor runs this group's CUDA collectives and why (Note [Choosing a CUDA "
+          "executor]); empty before its first CUDA collective.")
       .def("_fr_describe", &braid::ProcessGroupBraid::describeForRecorder, py::arg("name"),
            py::arg("global_ranks"),
            "The group's name and members' global ranks, for the flight recorder's dumps.");

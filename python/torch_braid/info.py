@@ -34,13 +34,25 @@ def print_network(out):
         print(f"  libcrypto       none: TCP groups will fail: {crypto['error']}", file=out)
 
 
+def cuda_line(info):
+    """CUDA tensors: which executors a group can choose, and what this machine has."""
+    kernels = "GPU kernels built" if info.get("cuda_kernels") else "no GPU kernels (built without nvcc)"
+    line = f"staged and NCCL executors, chosen per group (BRAID_CUDA_EXECUTOR); {kernels}"
+    if not torch.cuda.is_available():
+        return line + "; this torch or machine has no CUDA device"
+    nccl = getattr(torch.cuda, "nccl", None)
+    version = ".".join(map(str, nccl.version())) if nccl and hasattr(nccl, "version") else "?"
+    return (line + f"; {torch.cuda.device_count()} device(s), CUDA {torch.version.cuda}, "
+            f"torch's NCCL {version}")
+
+
 def main(out=sys.stdout):
     info = torch_braid.build_info()
     print(f"braid {info['version']}", file=out)
     print(f"  torch           {torch.__version__} ({info['torch_api']})", file=out)
     print(f"  built against   torch {info['torch_version']}", file=out)
     print(f"  SIMD            {info['simd']}", file=out)
-    print(f"  CUDA            {'yes' if info['cuda'] else 'no'}", file=out)
+    print(f"  CUDA            {cuda_line(info)}", file=out)
     print(f"  transports      {', '.join(info['transports'])}", file=out)
     print(f"  compiler        {info.get('compiler', '?')}", file=out)
     # Note [One pybind11 per process] (CMakeLists.txt): the headers torch was built with.
