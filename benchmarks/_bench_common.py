@@ -45,6 +45,7 @@ import subprocess
 import sys
 import tempfile
 import threading
+import json
 import time
 import traceback
 
@@ -223,6 +224,29 @@ def _stop(procs):
         except subprocess.TimeoutExpired:
             p.kill()
             p.wait()
+
+
+def run_rank_counts(worker, args, part_env, prefix):
+    """A benchmark's main: a worker runs `worker`; the parent runs one job per
+    entry of args.ranks (each rank writes its part to the file named by
+    $part_env) and returns (exit code, the parts in order)."""
+    if is_worker():  # torchrun, or a child of ours
+        end_rank(run_rank(worker, args))  # Note [Bounded teardown]
+    parts = []
+    with tempfile.TemporaryDirectory(prefix=prefix) as tmp:
+        for n in args.ranks:
+            out = os.path.join(tmp, f"part{n}.json")
+            os.environ[part_env] = out
+            if not args.quiet:
+                print(f"# {n} rank(s)", file=sys.stderr, flush=True)
+            rc = launch_if_requested(n, args.store)
+            if rc:
+                print(f"bench: the {n}-rank run failed (exit code {rc})", file=sys.stderr)
+                return rc, parts
+            with open(out) as f:
+                parts.append(json.load(f))
+        os.environ.pop(part_env, None)
+    return 0, parts
 
 
 def run_rank(worker, args):

@@ -45,7 +45,6 @@ import json
 import os
 import statistics
 import sys
-import tempfile
 import time
 
 _HERE = os.path.dirname(os.path.abspath(__file__))
@@ -472,22 +471,9 @@ def main(argv=None):
         if why:
             print(f"bench: --device cuda: {why}", file=sys.stderr)
             return 2
-    if bc.is_worker():  # torchrun, or a child of ours
-        bc.end_rank(bc.run_rank(worker, args))  # Note [Bounded teardown]
-    parts = []
-    with tempfile.TemporaryDirectory(prefix="braid-ddp-bench-") as tmp:
-        for n in args.ranks:
-            out = os.path.join(tmp, f"part{n}.json")
-            os.environ[PART_ENV] = out
-            if not args.quiet:
-                print(f"# {n} rank(s)", file=sys.stderr, flush=True)
-            rc = bc.launch_if_requested(n, args.store)
-            if rc:
-                print(f"bench: the {n}-rank run failed (exit code {rc})", file=sys.stderr)
-                return rc
-            with open(out) as f:
-                parts.append(json.load(f))
-        os.environ.pop(PART_ENV, None)
+    rc, parts = bc.run_rank_counts(worker, args, PART_ENV, "braid-ddp-bench-")
+    if rc:
+        return rc
     report(parts, args)
     return 0
 

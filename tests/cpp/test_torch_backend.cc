@@ -8,30 +8,14 @@
 #include <thread>
 
 #include "backend/process_group.h"
+#include "torch_group.h"
 
 namespace {
 
-using PG = c10::intrusive_ptr<braid::ProcessGroupBraid>;
+using PG = braid_test::PG;
 
-std::vector<PG> makeGroup(int n) {
-  auto store = c10::make_intrusive<c10d::HashStore>();
-  std::vector<PG> pgs(n);
-  std::vector<std::thread> ts;
-  for (int r = 0; r < n; ++r) {
-    ts.emplace_back([&, r] {
-      pgs[r] = c10::make_intrusive<braid::ProcessGroupBraid>(store, r, n, std::chrono::seconds(20));
-    });
-  }
-  for (auto& t : ts) t.join();
-  return pgs;
-}
-
-template <typename F>
-void onRanks(int n, F fn) {
-  std::vector<std::thread> ts;
-  for (int r = 0; r < n; ++r) ts.emplace_back([&, r] { fn(r); });
-  for (auto& t : ts) t.join();
-}
+using braid_test::makeGroup;
+using braid_test::onRanks;
 
 TEST(Backend, AllreduceFutureHoldsTheOutput) {
   auto pgs = makeGroup(3);

@@ -14,10 +14,11 @@
 #include "backend/process_group.h"
 #include "backend/sim_cuda.h"
 #include "cuda/nccl_sim.h"
+#include "torch_group.h"
 
 namespace {
 
-using PG = c10::intrusive_ptr<braid::ProcessGroupBraid>;
+using PG = braid_test::PG;
 constexpr int kDevices = 4;
 
 class CudaBackend : public ::testing::TestWithParam<const char*> {
@@ -30,30 +31,15 @@ class CudaBackend : public ::testing::TestWithParam<const char*> {
   void SetUp() override { setenv("BRAID_CUDA_EXECUTOR", GetParam(), 1); }
   void TearDown() override { unsetenv("BRAID_CUDA_EXECUTOR"); }
 
-  static std::vector<PG> makeGroup(int n) {
-    auto store = c10::make_intrusive<c10d::HashStore>();
-    std::vector<PG> pgs(n);
-    std::vector<std::thread> ts;
-    for (int r = 0; r < n; ++r) {
-      ts.emplace_back([&, r] {
-        pgs[r] = c10::make_intrusive<braid::ProcessGroupBraid>(store, r, n, std::chrono::seconds(20));
-      });
-    }
-    for (auto& t : ts) t.join();
-    return pgs;
-  }
+  static std::vector<PG> makeGroup(int n) { return braid_test::makeGroup(n); }
   template <typename F>
   static void onRanks(int n, F fn) {
-    std::vector<std::thread> ts;
-    for (int r = 0; r < n; ++r) {
-      ts.emplace_back([&, r] {
-        // Each rank's thread works on its own device, as a process would.
-        c10::impl::VirtualGuardImpl(c10::DeviceType::CUDA)
-            .setDevice(c10::Device(c10::DeviceType::CUDA, r));
-        fn(r);
-      });
-    }
-    for (auto& t : ts) t.join();
+    braid_test::onRanks(n, [&](int r) {
+      // Each rank's thread works on its own device, as a process would.
+      c10::impl::VirtualGuardImpl(c10::DeviceType::CUDA)
+          .setDevice(c10::Device(c10::DeviceType::CUDA, r));
+      fn(r);
+    });
   }
   static at::Tensor onDevice(const at::Tensor& host, int device) {
     at::Tensor t = braid::sim::empty(host.sizes(), host.scalar_type(), device);
