@@ -1,5 +1,6 @@
 #include "backend/coalesced_work.h"
 
+#include <algorithm>
 #include <atomic>
 #include <memory>
 
@@ -41,11 +42,19 @@ void completeWhenAll(const std::vector<c10::intrusive_ptr<c10::ivalue::Future>>&
 CoalescedWork::CoalescedWork(int rank, std::vector<c10::intrusive_ptr<c10d::Work>> works,
                              c10d::OpType type, const char* title)
     : c10d::Work(rank, type, title),
-      works_(std::move(works)),
-      future_(c10::make_intrusive<c10::ivalue::Future>(
-          c10::ListType::create(c10::TensorType::get()))) {
+      works_(std::move(works)) {
   std::vector<c10::intrusive_ptr<c10::ivalue::Future>> parts;
-  for (const auto& w : works_) parts.push_back(w->getFuture());
+  std::vector<c10::Device> devices;
+  for (const auto& w : works_) {
+    parts.push_back(w->getFuture());
+    for (const auto& d : parts.back()->devices()) {
+      if (std::find(devices.begin(), devices.end(), d) == devices.end()) devices.push_back(d);
+    }
+  }
+  // The parts' CUDA devices (Note [The staged CUDA executor]): the combined
+  // future then orders its waiters' streams after the ops, as each part's does.
+  future_ = c10::make_intrusive<c10::ivalue::Future>(
+      c10::ListType::create(c10::TensorType::get()), devices);
   completeWhenAll(parts, future_);
 }
 
@@ -74,6 +83,10 @@ bool CoalescedWork::wait(std::chrono::milliseconds timeout) {
       if (!first) first = std::current_exception();
     }
   }
+  // A part's Work is marked done just before its future is, so the combined
+  // future may still be completing here: a caller that reads it after wait()
+  // must find it complete (a test saw it pending on a loaded machine).
+  future_->wait();
   if (first) std::rethrow_exception(first);
   return true;
 }

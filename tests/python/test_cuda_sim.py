@@ -260,3 +260,36 @@ def _cpu_and_cuda_side_by_side(ctx):
 @pytest.mark.parametrize("world", [pytest.param((3, "cuda"), id="n3")], indirect=True)
 def test_cpu_and_cuda_ops_in_one_group(world):
     H.check_reports(world.run(_cpu_and_cuda_side_by_side))
+
+
+def _coalesced(ctx):
+    torch, dist = ctx.torch, ctx.dist
+    C = _sim(ctx)
+    ch = H.Checker(ctx)
+    dev, n, r = _dev(ctx), ctx.size, ctx.rank
+    # The list forms pack on the worker, where the CUDA values have reached their shadows.
+    counts = (0, 1, 1023)
+    ins = [_to_dev(C, H.pattern(r, k, c, torch.float32), dev) for k, c in enumerate(counts)]
+    outs = [[C._sim_empty([c], torch.float32, dev) for c in counts] for _ in range(n)]
+    dist.all_gather_coalesced(outs, ins)
+    for q in range(n):
+        for k, c in enumerate(counts):
+            ch.equal(f"all_gather_coalesced[{q}][{k}]", C._sim_read(outs[q][k]),
+                     H.pattern(q, k, c, torch.float32))
+    if hasattr(dist, "all_reduce_coalesced"):
+        ts = [_to_dev(C, torch.full((c,), float(r + 1)), dev) for c in counts]
+        try:
+            dist.all_reduce_coalesced(ts)
+        except RuntimeError as e:  # a torch without the entry point's kernel
+            ch.true("all_reduce_coalesced", "not" in str(e), str(e))
+        else:
+            for k, c in enumerate(counts):
+                ch.equal(f"all_reduce_coalesced[{k}]", C._sim_read(ts[k]),
+                         torch.full((c,), float(n * (n + 1) // 2)))
+    return ch.report()
+
+
+@pytest.mark.parametrize("world", [pytest.param((n, "cuda"), id=f"n{n}") for n in (1, 3)],
+                         indirect=True)
+def test_coalesced_list_forms(world):
+    H.check_reports(world.run(_coalesced))
