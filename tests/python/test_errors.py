@@ -89,7 +89,7 @@ def _expected(case, r, n):
         "sparse": rf"braid allreduce \(rank {r}\): sparse tensors support only reduce op SUM",
         # torch 1.13 routes even ProcessGroup.allreduce through the c10d dispatcher,
         # which has no Meta kernel: there the tensor never reaches braid.
-        "meta": rf"braid allreduce \(rank {r}\): tensors must be on the CPU, got meta"
+        "meta": rf"braid allreduce \(rank {r}\): tensors must be on the CPU or a CUDA device, got meta"
                 + ("" if H.torch_major() >= 2 else
                    r"|Could not run 'c10d::allreduce_' with arguments from the '\w*Meta' "),
     }[case]
