@@ -27,6 +27,11 @@ def _sim(ctx):
 
     C = torch_braid._C
     C._sim_cuda_install(SIM_DEVICES)
+    torch = ctx.torch
+    if not torch.cuda.is_available():
+        # torch 2.14's dist.broadcast asks torch.cuda for a CUDA tensor's compute capability,
+        # which a torch without CUDA cannot answer: the simulated device answers as an sm_80.
+        torch.cuda.get_device_capability = lambda device=None: (8, 0)
     return C
 
 
