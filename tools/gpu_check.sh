@@ -193,8 +193,14 @@ step() {
   local log; log="$OUT/$(printf %02d "$idx")-$name.log"
   echo "[${now}s] >>> $name (limit ${limit}s, log $(basename "$log"))"
   local t=$SECONDS rc
-  timeout -k 5 "$limit" bash -c '"$@"' bash "$fn" "$@" >"$log" 2>&1 </dev/null
+  local preload=()
+  # Python steps get native frames on a crash (tools/native_backtrace.c; s_build makes it).
+  if [[ -f $BUILD/native_bt.so && $name =~ ^(import|py-|smoke|bench|examples) ]]; then
+    preload=(env "LD_PRELOAD=$BUILD/native_bt.so${LD_PRELOAD:+:$LD_PRELOAD}")
+  fi
+  timeout -k 5 "$limit" "${preload[@]}" bash -c '"$@"' bash "$fn" "$@" >"$log" 2>&1 </dev/null
   rc=$?
+  ((${#preload[@]})) && decode_frames "$log"
   local secs=$((SECONDS - t)) reason
   reason=$(reason_of "$log")
   case $rc in
@@ -204,6 +210,21 @@ step() {
     *) record "$idx" FAIL "$name" "$secs" "exit $rc: $reason" ;;
   esac
   return $rc
+}
+
+# decode_frames LOG: appends addr2line's function and line for the frames native_backtrace.c
+# printed in LOG that fall in braid's own objects (hidden symbols show only as "+0x...").
+decode_frames() {
+  grep -q 'braid native backtrace:' "$1" || return 0
+  command -v addr2line >/dev/null || return 0
+  {
+    echo "== native frames in braid's objects (addr2line)"
+    grep -oE '/[^ (]*(_C[^ (]*\.so|libbraid[^ (]*\.so)\(\+0x[0-9a-f]+\)' "$1" | sort -u | head -40 |
+      while IFS= read -r frame; do
+        local file=${frame%%(*} off=${frame##*(+}
+        echo "$frame: $(addr2line -f -C -e "$file" "${off%)}" 2>/dev/null | tr '\n' ' ')"
+      done
+  } >>"$1"
 }
 
 # step_bg: the same in the background (CPU-only steps that can overlap the GPU steps).
@@ -347,7 +368,9 @@ s_build() {
   export CCACHE_DIR=${CCACHE_DIR:-$BUILD/ccache}
   local t=$SECONDS
   echo "== configure (kernels $kernels, TORCH_CUDA_ARCH_LIST=$TORCH_CUDA_ARCH_LIST)"
+  # -g1: line tables, so that decode_frames can name a crashing function (same code as Release).
   cmake -S "$repo" -B "$BUILD" "${gen[@]}" -DCMAKE_BUILD_TYPE=Release -DBRAID_BUILD_PYTHON=ON \
+    -DCMAKE_CXX_FLAGS_RELEASE="-O3 -DNDEBUG -g1" \
     -DBRAID_BUILD_TESTS=ON -DBRAID_CUDA_KERNELS=$kernels -DPython3_EXECUTABLE="$PY" \
     -DCMAKE_PREFIX_PATH="$prefix" || { echo "REASON: cmake configure failed"; return 1; }
   echo "== configured in $((SECONDS - t)) s; building _C with -j$JOBS"
@@ -392,6 +415,9 @@ s_build() {
     note="$note; C++ tests built: $built of ${#targets[@]}"
   fi
   local cc; cc=$(ccache -s 2>/dev/null | grep -m1 -iE 'hits' | tr -s ' ')
+  # Native frames for the Python steps' crashes (decode_frames).
+  cc -shared -fPIC -O1 -o "$BUILD/native_bt.so" "$repo/tools/native_backtrace.c" ||
+    echo "== no native backtraces: tools/native_backtrace.c did not compile"
   echo "REASON: ${failed:-_C built} (kernels=$kernels) in $((SECONDS - t)) s (${cc:-no ccache})$note"
   [[ -n $failed || $note == *failed* ]] && return 1
   return 0
