@@ -41,8 +41,6 @@ void useSimulatedCuda(int devices) {
   gSimulated.store(&cuda::simulatedDevice(devices), std::memory_order_release);
 }
 
-bool simulatedCudaInUse() { return gSimulated.load(std::memory_order_acquire) != nullptr; }
-
 void useSimulatedNccl(cuda::NcclApi* nccl) {
   gSimulatedNccl.store(nccl, std::memory_order_release);
 }
@@ -99,11 +97,6 @@ void PinnedPool::release(void* p, size_t capacity) {
     }
   }
   api_.hostFree(p);
-}
-
-size_t PinnedPool::idleBytes() {
-  std::lock_guard<std::mutex> lock(mu_);
-  return idleBytes_;
 }
 
 CudaContext::CudaContext(const CudaGroupInfo& group, c10::Device device)
@@ -170,6 +163,18 @@ PooledEvent CudaContext::event() {
     } catch (...) {
     }
   });
+}
+
+PooledEvent CudaContext::recordOnCurrentStream(const char* op) {
+  PooledEvent ev = event();
+  // The c10 guard records our own event on the current stream: in every
+  // torch, CUDA's guard takes a non-null event as the cudaEvent_t to record
+  // (Note [The device seam] in cuda/device_api.h).
+  c10::impl::VirtualGuardImpl impl(c10::DeviceType::CUDA);
+  void* raw = ev.get();
+  impl.record(&raw, impl.getStream(device_), device_.index(), c10::EventFlag::PYTORCH_DEFAULT);
+  BRAID_ENFORCE(raw == ev.get(), op, rank_, "the CUDA guard recorded a different event than braid's");
+  return ev;
 }
 
 at::Tensor CudaContext::pinnedLike(const at::Tensor& like) {
@@ -274,8 +279,6 @@ void CudaContext::shutdownNccl(bool drain) {
 }
 
 void CudaContext::setCommDelay(std::chrono::microseconds d) { api_.setStreamDelay(comm_, d); }
-
-void CudaContext::bindThread() { api_.setDevice(device_.index()); }
 
 std::shared_ptr<CudaContext> CudaBinding::get(c10::Device device, const char* op) {
   std::lock_guard<std::mutex> lock(mu_);

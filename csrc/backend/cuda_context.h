@@ -35,7 +35,6 @@ namespace braid {
 cuda::DeviceApi& cudaApi();
 // Test-only: serve CUDA tensors with the simulated device from now on.
 void useSimulatedCuda(int devices);
-bool simulatedCudaInUse();
 // Test-only: the NCCL that groups on the simulated device use (threads as
 // ranks, cuda/nccl_sim.h); without one they stage (no NCCL runs on a
 // simulated device).
@@ -67,7 +66,6 @@ class PinnedPool {
   // A block of at least `bytes` (its true size in *capacity).
   void* acquire(size_t bytes, size_t* capacity);
   void release(void* p, size_t capacity);
-  size_t idleBytes();
 
  private:
   cuda::DeviceApi& api_;
@@ -100,6 +98,10 @@ class CudaContext : public std::enable_shared_from_this<CudaContext> {
   const c10::Stream& futureStream() const { return futureStream_; }
 
   PooledEvent event();
+  // A pooled event recorded on the calling thread's current stream of the
+  // device: the point after which an op may read and write the caller's
+  // tensors (the staged and the NCCL path alike).
+  PooledEvent recordOnCurrentStream(const char* op);
   // A contiguous CPU tensor over pinned memory, of `like`'s dtype and shape.
   at::Tensor pinnedLike(const at::Tensor& like);
 
@@ -117,9 +119,6 @@ class CudaContext : public std::enable_shared_from_this<CudaContext> {
   void abort();
   // Test-only (simulated device): delays every task of the comm stream.
   void setCommDelay(std::chrono::microseconds d);
-  // Makes the calling thread's CUDA device this context's (the worker's first
-  // CUDA job; the runtime keeps a current device per thread).
-  void bindThread();
 
  private:
   const CudaGroupInfo group_;

@@ -1,7 +1,7 @@
 #include "backend/cuda_op.h"
 
-#include <c10/core/impl/VirtualGuardImpl.h>
 
+#include "backend/work.h"
 #include "common/error.h"
 
 namespace braid {
@@ -56,16 +56,9 @@ void CudaOp::copyBack(const at::Tensor& user, const at::Tensor& shadow) {
   ctx_->api().memcpyAsync(user.data_ptr(), shadow.data_ptr(), user.nbytes(), ctx_->comm());
 }
 
-void CudaOp::recordCaller() {
-  caller_ = ctx_->event();
-  // The c10 guard records our own event on the caller's current stream: in
-  // every torch, CUDA's guard takes a non-null event as the cudaEvent_t to
-  // record (Note [The device seam] in cuda/device_api.h).
-  c10::impl::VirtualGuardImpl impl(c10::DeviceType::CUDA);
-  void* ev = caller_.get();
-  impl.record(&ev, impl.getStream(device()), device().index(), c10::EventFlag::PYTORCH_DEFAULT);
-  BRAID_ENFORCE(ev == caller_.get(), op_, rank_,
-                "the CUDA guard recorded a different event than braid's");
+void CudaOp::launchFor(WorkBraid& work) {
+  caller_ = ctx_->recordOnCurrentStream(op_);
+  work.setCuda(end_, ctx_->futureStream());
 }
 
 void CudaOp::before(std::chrono::steady_clock::time_point deadline,
@@ -140,9 +133,9 @@ void OpScope::noteDevice(const at::Tensor& t, const char* op) {
                 dev.str());
 }
 
-std::shared_ptr<CudaOp> OpScope::cuda(const at::Tensor& t, const char* op) {
-  if (!cuda_) cuda_ = std::make_shared<CudaOp>(binding_.get(t.device(), op), rank_, op_);
-  BRAID_ENFORCE(cuda_->device() == t.device(), op, rank_,
+std::shared_ptr<CudaOp> OpScope::cuda(const at::Tensor& t) {
+  if (!cuda_) cuda_ = std::make_shared<CudaOp>(binding_.get(t.device(), op_), rank_, op_);
+  BRAID_ENFORCE(cuda_->device() == t.device(), op_, rank_,
                 "the tensors of one call must be on one device, got ", cuda_->device().str(),
                 " and ", t.device().str());
   return cuda_;

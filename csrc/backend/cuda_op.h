@@ -16,13 +16,15 @@
 
 namespace braid {
 
+class WorkBraid;
+
 // Note [The staged CUDA executor]
 // A CUDA op runs braid's CPU collective on page-locked host copies of its
 // tensors ("shadows"), as gloo's CUDA path does, with CUDA's stream rules:
 //   1. On the caller's thread, the front end checks the arguments and swaps
 //      each CUDA tensor for a shadow (Staged::in/out); launch() records an
 //      event on the caller's current stream, after the kernels that produce
-//      the inputs (recordCaller).
+//      the inputs (launchFor).
 //   2. On the worker, braid's comm stream waits on that event, copies the
 //      inputs device-to-host into their shadows, and the worker waits on the
 //      host for those copies (before); then the CPU collective runs on the
@@ -51,15 +53,14 @@ class CudaOp {
   // Worker: enqueues user <- shadow on the comm stream.
   void copyBack(const at::Tensor& user, const at::Tensor& shadow);
   // Caller's thread, at launch: marks the point on the caller's current
-  // stream after which the op may read and write its tensors.
-  void recordCaller();
+  // stream after which the op may read and write its tensors, and makes
+  // `work` order its waiters after the op's end event (steps 1 and 4).
+  void launchFor(WorkBraid& work);
   // Worker: runs `body` (the CPU op on the shadows) between the copies.
   void run(const std::function<void()>& body, std::chrono::steady_clock::time_point deadline,
            std::chrono::milliseconds timeout);
 
   c10::Device device() const { return ctx_->device(); }
-  const PooledEvent& end() const { return end_; }
-  const c10::Stream& futureStream() const { return ctx_->futureStream(); }
 
  private:
   struct Copy {
@@ -92,7 +93,7 @@ class OpScope {
   // device; CUDA tensors are contiguous (as NCCL requires).
   void noteDevice(const at::Tensor& t, const char* op);
   // The op's CUDA plan, made at its first CUDA tensor.
-  std::shared_ptr<CudaOp> cuda(const at::Tensor& t, const char* op);
+  std::shared_ptr<CudaOp> cuda(const at::Tensor& t);
   // For launch(): the plan (null for a CPU op), moved out.
   std::shared_ptr<CudaOp> take() { return std::move(cuda_); }
 

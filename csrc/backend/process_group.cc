@@ -141,8 +141,7 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupBraid::launch(const OpDesc& d, c10d::
   auto work = c10::make_intrusive<WorkBraid>(getRank(), type, title, std::move(outputs), devices);
   if (cuda) {
     // Note [The staged CUDA executor] (backend/cuda_op.h).
-    cuda->recordCaller();
-    work->setCuda(cuda->end(), cuda->futureStream());
+    cuda->launchFor(*work);
     body = [cuda, d, body = std::move(body)] { cuda->run(body, d.deadline, d.timeout); };
   }
   launched_.fetch_add(1);

@@ -245,8 +245,7 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupBraid::sendRecv(bool isSend,
       // A CUDA send stages its tensor on this thread (the message leaves
       // from host memory as soon as it is posted): the caller waits for its
       // stream to reach this point and for the copy.
-      cuda->recordCaller();
-      work->setCuda(cuda->end(), cuda->futureStream());
+      cuda->launchFor(*work);
       cuda->run([] {}, deadline, timeout);
     }
     engine_->p2p().postSend(peer, tag, st.data(), t.nbytes(), deadline, timeout,
@@ -257,10 +256,7 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupBraid::sendRecv(bool isSend,
   } else {
     auto st = Staged::out(t);
     auto cuda = scope.take();
-    if (cuda) {
-      cuda->recordCaller();
-      work->setCuda(cuda->end(), cuda->futureStream());
-    }
+    if (cuda) cuda->launchFor(*work);
     engine_->p2p().postRecv(peer, tag, st.data(), t.nbytes(), deadline, timeout,
                             [work, st, fr, frId, cuda, deadline, timeout](std::exception_ptr e,
                                                                           int src) {

@@ -20,7 +20,6 @@
 // device and the check are done, and a mismatch aborts the NCCL op with the
 // same message a CPU op gives. Ranks whose arguments send one of them down
 // the NCCL path and another down the staged one meet in that same step.
-#include <c10/core/impl/VirtualGuardImpl.h>
 
 #include <mutex>
 
@@ -64,12 +63,7 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupBraid::ncclLaunch(
     const void* in, void* out, double factor) {
   std::shared_ptr<CudaContext> ctx = cuda_->existing();
   const c10::Device device = ctx->device();
-  PooledEvent ready = ctx->event();
-  {
-    c10::impl::VirtualGuardImpl impl(c10::DeviceType::CUDA);
-    void* ev = ready.get();
-    impl.record(&ev, impl.getStream(device), device.index(), c10::EventFlag::PYTORCH_DEFAULT);
-  }
+  PooledEvent ready = ctx->recordOnCurrentStream(title);
   cuda::NcclOp op;
   op.kind = kind;
   op.in = in;

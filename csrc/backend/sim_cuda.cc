@@ -154,13 +154,6 @@ void install(int devices) {
   useSimulatedCuda(devices);
 }
 
-bool installed() {
-  std::lock_guard<std::mutex> lock(gMu);
-  return gGuard != nullptr;
-}
-
-cuda::Stream streamOf(const c10::Stream& s) { return guard().stream(s); }
-
 cuda::Stream currentStream(int device) {
   Guard& g = guard();
   return g.stream(g.getStream(c10::Device(c10::DeviceType::CUDA, device)));

@@ -27,10 +27,8 @@ namespace sim {
 // Registers the guard (once per process) and makes braid's CUDA path use the
 // simulated device. Throws braid::Error where torch has a CUDA guard already.
 void install(int devices);
-bool installed();
 
-// The simulated stream behind a c10 stream of the fake CUDA device.
-cuda::Stream streamOf(const c10::Stream& s);
+// The simulated stream behind the current c10 stream of `device`.
 cuda::Stream currentStream(int device);
 
 // A "CUDA" tensor over simulated device memory, zero-filled.

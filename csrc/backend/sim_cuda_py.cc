@@ -13,7 +13,6 @@ namespace py = pybind11;
 BRAID_PY_PART(sim_cuda, m) {
   m.def("_sim_cuda_install", &braid::sim::install, py::arg("devices") = 2,
         "Test-only: serve CUDA tensors with braid's simulated device, on a torch without CUDA.");
-  m.def("_sim_cuda_installed", &braid::sim::installed);
   m.def(
       "_sim_empty",
       [](std::vector<int64_t> sizes, py::object dtype, int device, std::vector<int64_t> strides) {

@@ -117,7 +117,7 @@ namespace {
 std::shared_ptr<CudaOp> cudaOpFor(const at::Tensor& t) {
   OpScope* scope = OpScope::current();
   BRAID_ENFORCE(scope, "op", -1, "a CUDA tensor outside of an op (internal error)");
-  return scope->cuda(t, "op");
+  return scope->cuda(t);
 }
 }  // namespace
 
