@@ -151,6 +151,7 @@ void install(int devices) {
   // Lives as long as the process, as torch's own registrations do.
   gGuard = new Guard(cuda::simulatedDevice(devices), devices);
   static c10::impl::DeviceGuardImplRegistrar registrar(c10::DeviceType::CUDA, gGuard);
+  installAtenFallback();
   useSimulatedCuda(devices);
 }
 

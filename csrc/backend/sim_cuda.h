@@ -24,9 +24,12 @@
 namespace braid {
 namespace sim {
 
-// Registers the guard (once per process) and makes braid's CUDA path use the
-// simulated device. Throws braid::Error where torch has a CUDA guard already.
+// Registers the guard and the ATen fallback (once per process) and makes
+// braid's CUDA path use the simulated device. Throws braid::Error where torch
+// has a CUDA guard already.
 void install(int devices);
+// The CUDA key's boxed fallback to CPU kernels (backend/sim_aten.cc).
+void installAtenFallback();
 
 // The simulated stream behind the current c10 stream of `device`.
 cuda::Stream currentStream(int device);

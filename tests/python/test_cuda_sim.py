@@ -24,15 +24,10 @@ SIM_DEVICES = 2
 
 def _sim(ctx):
     import torch_braid
+    import torch_braid._sim_cuda
 
-    C = torch_braid._C
-    C._sim_cuda_install(SIM_DEVICES)
-    torch = ctx.torch
-    if not torch.cuda.is_available():
-        # torch 2.14's dist.broadcast asks torch.cuda for a CUDA tensor's compute capability,
-        # which a torch without CUDA cannot answer: the simulated device answers as an sm_80.
-        torch.cuda.get_device_capability = lambda device=None: (8, 0)
-    return C
+    torch_braid._sim_cuda.install(SIM_DEVICES)
+    return torch_braid._C
 
 
 def _dev(ctx):
