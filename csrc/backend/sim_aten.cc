@@ -31,6 +31,7 @@
 #include <ATen/core/dispatch/Dispatcher.h>
 #include <c10/core/CPUAllocator.h>
 #include <c10/core/impl/DeviceGuardImplInterface.h>
+#include <torch/csrc/distributed/c10d/reducer_timer.hpp>
 #include <torch/library.h>
 #include <torch/version.h>
 
@@ -119,6 +120,7 @@ class Call {
       noteDevice(d);
       return c10::IValue(c10::Device(c10::kCPU));
     }
+    if (v.isStorage()) return c10::IValue(toCpu(v.toStorage()));
     if (v.isTensorList()) {
       c10::List<at::Tensor> out;
       for (const at::Tensor& t : v.toTensorList()) out.push_back(toCpu(t));
@@ -151,13 +153,17 @@ class Call {
 
   // An out= or resize_ op resized a CPU alias (its metadata, perhaps its
   // storage): the caller's CUDA tensor takes the same shape and bytes.
+  // set_ gave an alias another storage: the caller's tensor takes the CUDA
+  // storage that storage stands for.
   void carryBack() {
     for (const Pair& p : pairs_) {
       c10::TensorImpl* cuda = p.cuda.unsafeGetTensorImpl();
       const c10::TensorImpl* cpu = p.cpu.unsafeGetTensorImpl();
       c10::StorageImpl* cudaSt = p.cuda.storage().unsafeGetStorageImpl();
       const c10::Storage& cpuSt = p.cpu.storage();
-      if (rawData(cpuSt) != cudaSt->data_ptr().get() || cpuSt.nbytes() != cudaSt->nbytes()) {
+      if (cpuSt.unsafeGetStorageImpl() != p.cpuStorage) {
+        cuda->set_storage_keep_dtype(cudaStorageFor(cpuSt, p.cuda.device()));
+      } else if (rawData(cpuSt) != cudaSt->data_ptr().get() || cpuSt.nbytes() != cudaSt->nbytes()) {
         cudaSt->set_data_ptr_noswap(relabeledPtr(cpuSt, p.cuda.device()));
         cudaSt->set_nbytes(cpuSt.nbytes());
       }
@@ -185,9 +191,22 @@ class Call {
   at::Tensor toCpu(const at::Tensor& t) {
     if (!t.defined() || !t.is_cuda()) return t;
     noteDevice(t.device());
-    at::Tensor cpu = describe(relabel(t.storage(), c10::Device(c10::kCPU)), c10::DispatchKey::CPU, t);
-    pairs_.push_back({t, cpu});
+    at::Tensor cpu = describe(toCpu(t.storage()), c10::DispatchKey::CPU, t);
+    pairs_.push_back({t, cpu, cpu.storage().unsafeGetStorageImpl()});
     return cpu;
+  }
+
+  c10::Storage toCpu(const c10::Storage& st) {
+    if (!st.device().is_cuda()) return st;
+    c10::Storage cpu = relabel(st, c10::Device(c10::kCPU));
+    storages_.push_back({st, cpu});
+    return cpu;
+  }
+
+  c10::Storage cudaStorageFor(const c10::Storage& cpu, c10::Device device) const {
+    for (const auto& s : storages_)
+      if (s.second.unsafeGetStorageImpl() == cpu.unsafeGetStorageImpl()) return s.first;
+    return relabel(cpu, device);
   }
 
   at::Tensor toCuda(const at::Tensor& out) {
@@ -199,14 +218,16 @@ class Call {
       return describe(p.cuda.storage(), c10::DispatchKey::CUDA, out);
     }
     BRAID_ENFORCE(out.has_storage(), op_, -1, "simulated CUDA: a result without storage");
-    return describe(relabel(out.storage(), device()), c10::DispatchKey::CUDA, out);
+    return describe(cudaStorageFor(out.storage(), device()), c10::DispatchKey::CUDA, out);
   }
 
   struct Pair {
     at::Tensor cuda, cpu;
+    const c10::StorageImpl* cpuStorage;  // the alias's storage before the op
   };
   const char* op_;
   std::vector<Pair> pairs_;
+  std::vector<std::pair<c10::Storage, c10::Storage>> storages_;  // CUDA, its CPU alias
   c10::optional<c10::Device> device_;
 };
 
@@ -229,9 +250,26 @@ void fallback(const c10::OperatorHandle& op, torch::jit::Stack* stack) {
     *it = call.toCuda(*it);
 }
 
+// c10d's Reducer times each iteration with a Timer made for its parameters'
+// device type; libtorch_cuda registers CUDA's (events on the device), and
+// without one DDP's logger asserts. This one times on the host, as c10d's
+// CpuTimer does: what the simulated device runs, it runs by then.
+class HostTimer final : public c10d::Timer {
+ public:
+  explicit HostTimer(c10::Device) {}
+  c10::optional<int64_t> measureDifference(Event start, Event end) override {
+    const int64_t a = getTimeRef(start), b = getTimeRef(end);
+    if (a == c10d::kUnsetTime || b == c10d::kUnsetTime || b < a) return c10::nullopt;
+    return b - a;
+  }
+};
+
 }  // namespace
 
 void installAtenFallback() {
+  c10d::TimerRegistry()->Register(c10::DeviceType::CUDA, [](c10::Device d) {
+    return std::unique_ptr<c10d::Timer>(new HostTimer(d));
+  });
   // Lives as long as the process, as torch's own registrations do.
   static torch::Library* lib = [] {
     auto* l = new torch::Library(torch::Library::IMPL, "_", c10::DispatchKey::CUDA, __FILE__,

@@ -1,0 +1,104 @@
+"""DDP training on braid's simulated CUDA device, checked against the same training on CPU.
+
+Each rank installs the simulated device (torch_braid._sim_cuda; Note [ATen on the
+simulated device] in csrc/backend/sim_aten.cc): the model, its gradients and its
+buckets are "CUDA" tensors, ATen runs their CPU kernels in the order of the current
+simulated stream, and braid's CUDA path (the staged executor, as ranks sharing a
+device use) reduces the buckets. The same model, data and group trained on CPU
+tensors must end with the same parameters bit for bit: the forward and backward
+kernels are the same CPU kernels, and both paths sum each bucket with braid's CPU
+collectives in the same order. A gradient reduced from the wrong bytes, a bucket
+read before backward wrote it, or a result read before the copy back to the device
+ran differs by far more.
+
+torch 1.13 cannot run these: its autograd engine dereferences CUDA caller streams
+that a torch without CUDA never stashes, and crashes on any backward over CUDA
+tensors (torch 2.x asks for the accelerator instead, and has none).
+"""
+
+import pytest
+
+import harness as H
+
+pytestmark = [pytest.mark.braid_only]
+
+SIM_DEVICES = 2
+STEPS = 4
+
+
+def _sim(ctx):
+    import torch_braid._sim_cuda
+
+    torch_braid._sim_cuda.install(SIM_DEVICES)
+
+
+def _model(torch, seed):
+    torch.manual_seed(seed)
+    return torch.nn.Sequential(
+        torch.nn.Linear(16, 64), torch.nn.Tanh(), torch.nn.Linear(64, 64), torch.nn.ReLU(),
+        torch.nn.Linear(64, 4))
+
+
+def _batches(torch, rank):
+    g = torch.Generator().manual_seed(1000 + rank)
+    return [(torch.randn(8, 16, generator=g), torch.randn(8, 4, generator=g))
+            for _ in range(STEPS)]
+
+
+def _train(ctx, device, wrap, **ddp_kwargs):
+    """Trains a wrapped model on `device`; returns its parameters on the CPU."""
+    torch = ctx.torch
+    model = _model(torch, seed=7 + ctx.rank).to(device)  # ranks differ: DDP broadcasts rank 0's
+    ddp = wrap(model, device, **ddp_kwargs)
+    opt = torch.optim.SGD(ddp.parameters(), lr=0.05, momentum=0.9)
+    for x, y in _batches(torch, ctx.rank):
+        opt.zero_grad()
+        loss = torch.nn.functional.mse_loss(ddp(x.to(device)), y.to(device))
+        loss.backward()
+        opt.step()
+    return [p.detach().cpu() for p in model.parameters()]
+
+
+def _torch_ddp(model, device, **kwargs):
+    from torch.nn.parallel import DistributedDataParallel as DDP
+
+    ids = [device.index] if device.type == "cuda" else None
+    return DDP(model, device_ids=ids, bucket_cap_mb=0.01, **kwargs)
+
+
+def _braid_ddp(model, device, **kwargs):
+    from torch_braid.ddp import DistributedDataParallel as DDP
+
+    return DDP(model, bucket_cap_mb=0.01, first_bucket_mb=0.005, **kwargs)
+
+
+def _same_as_cpu(ctx, which, kwargs):
+    torch = ctx.torch
+    _sim(ctx)
+    ch = H.Checker(ctx)
+    wrap = {"torch": _torch_ddp, "braid": _braid_ddp}[which]
+    cuda = torch.device("cuda", ctx.rank % SIM_DEVICES)
+    on_cpu = _train(ctx, torch.device("cpu"), wrap, **kwargs)
+    on_cuda = _train(ctx, cuda, wrap, **kwargs)
+    start = _model(torch, seed=7)  # rank 0's initial parameters
+    ch.true("training moved the parameters",
+            any(not torch.equal(a, b) for a, b in zip(on_cpu, start.parameters())), "")
+    for i, (a, b) in enumerate(zip(on_cpu, on_cuda)):
+        ch.equal(f"{which} DDP {kwargs} parameter {i}: CUDA (simulated) vs CPU", b, a)
+    # Every rank ends with rank 0's replica.
+    gathered = [torch.zeros_like(on_cuda[0]) for _ in range(ctx.size)]
+    ctx.dist.all_gather(gathered, on_cuda[0])
+    for q in range(ctx.size):
+        ch.equal(f"{which} DDP replica of rank {q}", gathered[q], on_cuda[0])
+    return ch.report()
+
+
+@pytest.mark.parametrize("kwargs", [{}, {"gradient_as_bucket_view": True}],
+                         ids=["default", "bucket_view"])
+@pytest.mark.parametrize("which", ["torch", "braid"])
+@pytest.mark.parametrize("world", [pytest.param((n, "cuda"), id=f"n{n}") for n in (1, 2, 3)],
+                         indirect=True)
+def test_ddp_on_cuda_matches_cpu(world, which, kwargs, torch2):
+    if not torch2:
+        pytest.skip("torch 1.13's autograd engine crashes on CUDA tensors without a CUDA build")
+    H.check_reports(world.run(_same_as_cpu, which, kwargs))
