@@ -278,7 +278,12 @@ void CudaContext::shutdownNccl(bool drain) {
   n->shutdown(drain ? group_.timeout : std::chrono::milliseconds(0));
 }
 
-void CudaContext::setCommDelay(std::chrono::microseconds d) { api_.setStreamDelay(comm_, d); }
+void CudaContext::setCommDelay(std::chrono::microseconds d) {
+  api_.setStreamDelay(comm_, d);
+  if (cuda::NcclExecutor* n = nccl()) {
+    if (cuda::Stream s = n->commStream(device_.index())) api_.setStreamDelay(s, d);
+  }
+}
 
 std::shared_ptr<CudaContext> CudaBinding::get(c10::Device device, const char* op) {
   std::lock_guard<std::mutex> lock(mu_);

@@ -7,9 +7,11 @@
 // straight to the NcclExecutor from the caller's thread, as ProcessGroupNCCL
 // does: an event recorded on the caller's current stream orders the comm
 // stream after the inputs' producers, the Work's wait() and synchronize()
-// make the caller's stream wait on NCCL's end event, and the Future
-// completes on a pool stream that waited on it. The CPU does not wait for
-// the device. The tensors stay alive until the op has run (the completion
+// make the caller's stream wait on NCCL's end event and return (the host
+// does not wait for the device, as with ProcessGroupNCCL), and the Future
+// completes on a pool stream that waited on it, once the device has run the
+// op and the header check below has passed: Future::wait() blocks the host
+// until then, so that a mismatch reaches it as an error. The tensors stay alive until the op has run (the completion
 // callback holds them). Ops NCCL lacks (gather, scatter, the list forms,
 // bitwise reductions) take the staged path (Note [The staged CUDA executor]),
 // which orders itself on the same caller stream, so the two mix freely.
@@ -83,7 +85,8 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupBraid::ncclLaunch(
   auto work = c10::make_intrusive<WorkBraid>(getRank(), type, title, outputs,
                                              std::vector<c10::Device>{device});
   // The Work's end event lives as long as the NcclWork that owns it.
-  work->setCuda(std::shared_ptr<void>(nw, nw->endEvent()), ctx->futureStream());
+  work->setCuda(std::shared_ptr<void>(nw, nw->endEvent()), ctx->futureStream(),
+                /*recorded=*/true);
   std::vector<at::Tensor> keep(inputs.begin(), inputs.end());
   keep.insert(keep.end(), outputs.begin(), outputs.end());
   GroupRecorder* fr = fr_.get();  // the executor is shut down before it goes

@@ -16,8 +16,9 @@ WorkBraid::WorkBraid(int rank, c10d::OpType type, const char* title,
       future_(c10::make_intrusive<c10::ivalue::Future>(
           c10::ListType::create(c10::TensorType::get()), std::move(devices))) {}
 
-void WorkBraid::setCuda(std::shared_ptr<void> end, c10::Stream futureStream) {
+void WorkBraid::setCuda(std::shared_ptr<void> end, c10::Stream futureStream, bool recorded) {
   cudaEnd_ = std::move(end);
+  endRecorded_ = recorded;
   futureStream_ = futureStream;
 }
 
@@ -72,6 +73,12 @@ void WorkBraid::setP2P(collectives::PointToPoint::CallbackClock inCallbackSince,
 }
 
 bool WorkBraid::wait(std::chrono::milliseconds timeout) {
+  if (endRecorded_ && !isCompleted()) {
+    // The device orders what follows; the host goes on (an error the op
+    // meets later reaches the Future, isCompleted() and the group's next op).
+    blockCurrentStream();
+    return true;
+  }
   if (p2pStall_ && timeout.count() == 0 && !isCompleted()) failIfStalled();
   if (queue_ && !isCompleted()) {
     Engine::runHereIfNext(queue_, jobId_);

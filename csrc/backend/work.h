@@ -22,8 +22,10 @@ class WorkBraid : public c10d::Work {
 
   // An op on CUDA tensors (Note [The staged CUDA executor] in backend/cuda_op.h):
   // wait() and synchronize() make the caller's current stream wait on `end`,
-  // and the Future completes on `futureStream` after it.
-  void setCuda(std::shared_ptr<void> end, c10::Stream futureStream);
+  // and the Future completes on `futureStream` after it. With `recorded`,
+  // `end` is on the device already (the NCCL path): wait() returns without
+  // waiting for the op on the host (Note [The NCCL path in the backend]).
+  void setCuda(std::shared_ptr<void> end, c10::Stream futureStream, bool recorded = false);
 
   // Called from the thread that ran the op. Completes the future with the
   // output tensors (what DDP's reducer reads) or with the error. Calls after
@@ -63,6 +65,7 @@ class WorkBraid : public c10d::Work {
   collectives::PointToPoint::CallbackClock p2pStall_;
   std::atomic<bool> done_{false};
   std::shared_ptr<void> cudaEnd_;  // null for a CPU op
+  bool endRecorded_ = false;       // cudaEnd_ was recorded at launch
   std::optional<c10::Stream> futureStream_;
   void blockCurrentStream();
 

@@ -131,6 +131,10 @@ TEST_P(CudaBackend, AbortEndsAnOpWhosePeerNeverCame) {
     pgs[0]->abort();
   });
   auto start = std::chrono::steady_clock::now();
+  // The Future carries the outcome on both paths (the NCCL path's wait()
+  // does not wait on the host), and a wait() after it throws it.
+  work->getFuture()->wait();
+  EXPECT_TRUE(work->getFuture()->hasError());
   EXPECT_THROW(work->wait(), std::exception);
   aborter.join();
   EXPECT_LT(std::chrono::steady_clock::now() - start, std::chrono::seconds(10));
@@ -147,7 +151,9 @@ TEST_P(CudaBackend, RanksThatDisagreeFailWithTheMismatchNotAHang) {
     std::vector<at::Tensor> u{onDevice(at::ones({r == 0 ? 8 : 16}), r)};
     auto start = std::chrono::steady_clock::now();
     try {
-      pgs[r]->allreduce(u)->wait();
+      auto work = pgs[r]->allreduce(u);
+      work->getFuture()->wait();  // the NCCL path's wait() would not wait here
+      work->wait();
       ADD_FAILURE() << "rank " << r << ": a count mismatch went through";
     } catch (const std::exception& e) {
       // braid's header check names both shapes (NCCL itself would hang or
@@ -157,6 +163,32 @@ TEST_P(CudaBackend, RanksThatDisagreeFailWithTheMismatchNotAHang) {
                 std::string::npos) << what;
     }
     EXPECT_LT(std::chrono::steady_clock::now() - start, std::chrono::seconds(10));
+  });
+}
+
+// Note [The NCCL path in the backend]: wait() orders the caller's stream after
+// the op and returns; the host does not wait for the device. (The staged
+// path's wait() waits for its host collective, as gloo's does.)
+TEST_P(CudaBackend, NcclWaitOrdersTheStreamAndLeavesTheHostFree) {
+  if (std::string(GetParam()) != "nccl") GTEST_SKIP() << "the staged path waits on the host";
+  const int n = 2;
+  auto pgs = makeGroup(n);
+  onRanks(n, [&](int r) {
+    const int64_t count = 1 << 12;
+    std::vector<at::Tensor> t{onDevice(at::zeros({count}), r)};
+    pgs[r]->allreduce(t)->wait();  // the communicator exists from here
+    braid::sim::write(t[0], at::full({count}, float(r + 1)));
+    pgs[r]->cudaContext()->setCommDelay(std::chrono::milliseconds(300));
+    auto work = pgs[r]->allreduce(t);
+    work->wait();
+    // 300 ms of device time are still queued: a wait() that waited on the
+    // host would have seen the op complete.
+    EXPECT_FALSE(work->isCompleted()) << "rank " << r << ": wait() waited for the device";
+    pgs[r]->cudaContext()->setCommDelay(std::chrono::microseconds(0));
+    // Reading on the caller's stream waits for the op: its result is there.
+    EXPECT_TRUE(braid::sim::read(t[0]).equal(at::full({count}, 3.f)));
+    work->getFuture()->wait();
+    EXPECT_TRUE(work->isCompleted() && !work->getFuture()->hasError());
   });
 }
 
