@@ -66,7 +66,10 @@ c10::intrusive_ptr<c10d::ProcessGroup> wrapAsProcessGroup(
     const c10::intrusive_ptr<BackendBase>& backend, const c10::intrusive_ptr<c10d::Store>& store) {
 #if BRAID_TORCH2
   auto pg = c10::make_intrusive<c10d::ProcessGroup>(store, backend->getRank(), backend->getSize());
+  // One backend serves both devices (Note [The staged CUDA executor]), as
+  // the Python registration's ["cpu", "cuda"] does.
   pg->setBackend(c10::DeviceType::CPU, c10d::ProcessGroup::BackendType::CUSTOM, backend);
+  pg->setBackend(c10::DeviceType::CUDA, c10d::ProcessGroup::BackendType::CUSTOM, backend);
   pg->setDefaultBackend(c10d::ProcessGroup::BackendType::CUSTOM);
   return pg;
 #else

@@ -10,11 +10,20 @@
 #include <cstdlib>
 #include <thread>
 
+#include "backend/compat.h"
 #include "backend/cuda_context.h"
 #include "backend/process_group.h"
 #include "backend/sim_cuda.h"
 #include "cuda/nccl_sim.h"
+#include "reducer/ddp.h"
 #include "torch_group.h"
+
+#include <torch/nn/modules/activation.h>
+#include <torch/nn/modules/container/sequential.h>
+#include <torch/nn/modules/linear.h>
+#include <torch/nn/functional/loss.h>
+#include <torch/optim/sgd.h>
+#include <torch/version.h>
 
 namespace {
 
@@ -190,6 +199,62 @@ TEST_P(CudaBackend, NcclWaitOrdersTheStreamAndLeavesTheHostFree) {
     work->getFuture()->wait();
     EXPECT_TRUE(work->isCompleted() && !work->getFuture()->hasError());
   });
+}
+
+// braid::DistributedDataParallel on a module moved to a (simulated) CUDA
+// device ends with the same parameters as on the CPU, bit for bit: the
+// simulated device runs ATen's CPU kernels (Note [ATen on the simulated
+// device]) and both paths sum each bucket in the same order.
+std::vector<at::Tensor> trainCppDdp(const PG& pg, int rank, c10::Device device, bool bucketView) {
+  torch::nn::Sequential net(torch::nn::Linear(8, 16), torch::nn::Tanh(), torch::nn::Linear(16, 2));
+  {
+    torch::NoGradGuard noGrad;  // ranks start apart: DDP must broadcast rank 0's
+    int i = 0;
+    for (auto& p : net->parameters())
+      p.copy_(at::sin(at::arange(p.numel()).to(at::kFloat) * 0.37 + (rank + 1) * (++i)).view_as(p));
+  }
+  net->to(device);
+  braid::DDPOptions opts;
+  opts.bucket_cap_mb = 0.0002;  // several buckets
+  opts.first_bucket_mb = 0.0001;
+  opts.gradient_as_bucket_view = bucketView;
+  braid::DistributedDataParallel ddp(
+      net, braid::compat::wrapAsProcessGroup(pg, c10::make_intrusive<c10d::HashStore>()), opts);
+  torch::optim::SGD opt(net->parameters(), torch::optim::SGDOptions(0.05).momentum(0.9));
+  for (int step = 0; step < 4; ++step) {
+    at::Tensor x = at::cos(at::arange(32).to(at::kFloat) * (step + 1) + rank).view({4, 8});
+    at::Tensor y = at::sin(at::arange(8).to(at::kFloat) * (rank + 2) + step).view({4, 2});
+    opt.zero_grad();
+    at::Tensor out = ddp.forward([&] { return net->forward(x.to(device)); });
+    torch::nn::functional::mse_loss(out, y.to(device)).backward();
+    opt.step();
+  }
+  std::vector<at::Tensor> params;
+  for (auto& p : net->parameters()) params.push_back(p.detach().to(at::kCPU));
+  return params;
+}
+
+TEST_P(CudaBackend, CppDdpTrainsACudaModuleAsOnCpu) {
+#if TORCH_VERSION_MAJOR < 2
+  GTEST_SKIP() << "torch 1.13's autograd engine crashes on CUDA tensors without a CUDA build";
+#endif
+  const int n = 2;
+  for (bool bucketView : {false, true}) {
+    auto pgs = makeGroup(n);
+    std::vector<std::vector<at::Tensor>> cpu(n), cuda(n);
+    onRanks(n, [&](int r) {
+      cpu[r] = trainCppDdp(pgs[r], r, c10::Device(c10::kCPU), bucketView);
+      cuda[r] = trainCppDdp(pgs[r], r, c10::Device(c10::DeviceType::CUDA, r), bucketView);
+    });
+    for (int r = 0; r < n; ++r) {
+      ASSERT_EQ(cpu[r].size(), cuda[r].size());
+      for (size_t i = 0; i < cpu[r].size(); ++i) {
+        EXPECT_TRUE(cpu[r][i].equal(cuda[r][i]))
+            << "rank " << r << " parameter " << i << " bucket_view=" << bucketView;
+        EXPECT_TRUE(cuda[r][i].equal(cuda[0][i])) << "rank " << r << " parameter " << i;
+      }
+    }
+  }
 }
 
 INSTANTIATE_TEST_SUITE_P(Executors, CudaBackend, ::testing::Values("staged", "nccl"));
