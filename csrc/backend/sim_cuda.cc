@@ -152,6 +152,7 @@ void install(int devices) {
   gGuard = new Guard(cuda::simulatedDevice(devices), devices);
   static c10::impl::DeviceGuardImplRegistrar registrar(c10::DeviceType::CUDA, gGuard);
   installAtenFallback();
+  installAcceleratorHooks();
   useSimulatedCuda(devices);
 }
 

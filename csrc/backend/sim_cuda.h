@@ -30,6 +30,8 @@ namespace sim {
 void install(int devices);
 // The CUDA key's boxed fallback to CPU kernels (backend/sim_aten.cc).
 void installAtenFallback();
+// torch's CUDA hooks, where autograd asks for them (backend/sim_hooks.cc).
+void installAcceleratorHooks();
 
 // The simulated stream behind the current c10 stream of `device`.
 cuda::Stream currentStream(int device);
