@@ -5,6 +5,9 @@
 // the device type whose streams order a backward pass, and fails ("Cannot
 // access accelerator device when none is available") on any backward over
 // CUDA tensors where no CUDA hooks are built, as on a CPU-only torch. torch
+// 1.13's engine stashes the caller's streams only for devices whose hooks say
+// they have a context, and then reads the stash for every CUDA leaf: with
+// none, it reads past an empty vector and crashes. torch
 // finds the accelerator through the hooks registered under "CUDAHooks"
 // (libtorch_cuda registers the real ones): these answer for the simulated
 // device, with what the engine asks (is it built and available, how many
@@ -13,13 +16,19 @@
 // that object is torch's default (which has no state, only a vtable), the
 // simulated hooks are constructed in its place; the registration serves a
 // process that had not yet asked. Test-only, and never over real hooks:
-// install() refuses where torch has CUDA. Earlier torch (1.13, 2.6) never
-// asks for the accelerator: there this is a no-op.
+// install() refuses where torch has CUDA. torch 2.6 never asks: there this
+// is a no-op.
 #include <torch/version.h>
 
 #include "backend/sim_cuda.h"
 
-#if TORCH_VERSION_MAJOR > 2 || (TORCH_VERSION_MAJOR == 2 && TORCH_VERSION_MINOR >= 7)
+// 1.13 and 2.7+ ask for CUDA's hooks in backward; 2.6 does not.
+#if TORCH_VERSION_MAJOR < 2 || TORCH_VERSION_MINOR >= 7
+#define BRAID_SIM_HOOKS 1
+#define BRAID_SIM_ACCELERATOR_HOOKS (TORCH_VERSION_MAJOR >= 2)
+#endif
+
+#ifdef BRAID_SIM_HOOKS
 #include <ATen/detail/CUDAHooksInterface.h>
 #include <c10/core/impl/DeviceGuardImplInterface.h>
 
@@ -38,12 +47,18 @@ const c10::impl::DeviceGuardImplInterface& cudaGuard() {
 
 struct SimulatedCudaHooks final : at::CUDAHooksInterface {
   explicit SimulatedCudaHooks(at::CUDAHooksArgs) {}
+  bool hasCUDA() const override { return true; }
+  int getNumGPUs() const override { return cudaGuard().deviceCount(); }
+#if !BRAID_SIM_ACCELERATOR_HOOKS
+  // 1.13: the engine stashes the caller's current streams only where CUDA
+  // has a context, and later reads them for every CUDA leaf.
+  bool hasPrimaryContext(int64_t) const override { return true; }
+  int64_t current_device() const override { return cudaGuard().getDevice().index(); }
+#else
   bool isBuilt() const override { return true; }
   bool isAvailable() const override { return true; }
-  bool hasCUDA() const override { return true; }
   bool hasPrimaryContext(c10::DeviceIndex) const override { return true; }
   c10::DeviceIndex deviceCount() const override { return cudaGuard().deviceCount(); }
-  int getNumGPUs() const override { return cudaGuard().deviceCount(); }
   c10::DeviceIndex current_device() const override { return cudaGuard().getDevice().index(); }
   c10::DeviceIndex getCurrentDevice() const override { return current_device(); }
   void setCurrentDevice(c10::DeviceIndex d) const override {
@@ -58,6 +73,7 @@ struct SimulatedCudaHooks final : at::CUDAHooksInterface {
   void deviceSynchronize(c10::DeviceIndex d) const override {
     cudaGuard().synchronizeDevice(d);
   }
+#endif
 };
 
 }  // namespace
