@@ -2,6 +2,7 @@
 #include <functional>
 
 #include "backend/compat.h"
+#include "hooks/aten_kernels.h"
 #include "hooks/cast_kernels.h"
 #include "hooks/comm_hooks.h"
 
@@ -41,8 +42,9 @@ bool needsGatherFallback(const c10::intrusive_ptr<c10d::ProcessGroup>& pg,
 // the wire type: no float16 overflow where the sum of the gradients, or a
 // gradient itself, exceeds 65504 but its share does not; it costs the low
 // bits of tiny values, which torch's fp16_compress_hook accepts too (torch
-// rounds x, then x / n). float32 buckets go through fused loops
-// (cast_kernels.h): one pass each way instead of three.
+// rounds x, then x / n). float32 CPU buckets go through fused loops
+// (cast_kernels.h): one pass each way instead of three; CUDA buckets through
+// one ATen kernel each way (Note [Hooks on CUDA buckets]).
 class CastCompressHook : public CommHook {
  public:
   CastCompressHook(c10::intrusive_ptr<c10d::ProcessGroup> pg, at::ScalarType wireType,
@@ -57,7 +59,7 @@ class CastCompressHook : public CommHook {
     checkBuffer(bucket.buffer, name());
     at::Tensor buffer = bucket.buffer;
     if (!gatherFallback_ && buffer.scalar_type() == wireType_) return allreduceMean(buffer);
-    at::Tensor compressed = scratch(bucket.index, 0, buffer.numel(), wireType_);
+    at::Tensor compressed = scratch(bucket.index, 0, buffer.numel(), wireType_, buffer.device());
     narrow(buffer, compressed, static_cast<float>(size_));
     if (gatherFallback_) return gatherAndSum(bucket.index, buffer, compressed);
     const at::ScalarType wireType = wireType_;
@@ -65,6 +67,7 @@ class CastCompressHook : public CommHook {
         ->then(std::function<c10::IValue(c10::ivalue::Future&)>(
                    [buffer, compressed, wireType](c10::ivalue::Future& f) mutable {
                      if (f.hasError()) std::rethrow_exception(f.exception_ptr());
+                     recordOnCurrentStream(compressed);
                      widenInto(buffer, compressed, wireType, /*accumulate=*/false);
                      return tensorListValue(buffer);
                    }),
@@ -79,24 +82,27 @@ class CastCompressHook : public CommHook {
 
   // compressed = round(buffer / divisor) in the wire type.
   void narrow(at::Tensor& buffer, at::Tensor& compressed, float divisor) const {
-    if (buffer.scalar_type() == at::kFloat) {
+    if (buffer.scalar_type() == at::kFloat && buffer.is_cpu()) {
       narrowDivided(buffer.data_ptr<float>(), bits(compressed), buffer.numel(), divisor,
                     half16(wireType_));
+    } else if (buffer.scalar_type() == at::kFloat) {
+      narrowDividedAten(buffer, compressed, divisor);
     } else {  // float64 or 16-bit buckets: rare, ATen is fine
       buffer.div_(divisor);
       compressed.copy_(buffer);
     }
   }
 
-  // buffer (+)= widen(src); src holds wire-type values.
+  // buffer (+)= widen(src); src holds wire-type values (under the wire type's
+  // own dtype, or Half's for the gather fallback's bfloat16 bits).
   static void widenInto(at::Tensor& buffer, const at::Tensor& src, at::ScalarType wireType,
                         bool accumulate) {
-    if (buffer.scalar_type() == at::kFloat) {
+    if (buffer.scalar_type() == at::kFloat && buffer.is_cpu()) {
       widen(bits(src), buffer.data_ptr<float>(), buffer.numel(), half16(wireType), accumulate);
     } else if (accumulate) {
-      buffer.add_(src.to(buffer.scalar_type()));
+      buffer.add_(src.view(wireType).to(buffer.scalar_type()));
     } else {
-      buffer.copy_(src);
+      buffer.copy_(src.view(wireType));
     }
   }
 
@@ -106,12 +112,13 @@ class CastCompressHook : public CommHook {
     at::Tensor wire = compressed.view(at::kHalf);
     std::vector<at::Tensor> gathered;
     for (int r = 0; r < size_; ++r)
-      gathered.push_back(scratch(index, 1 + r, wire.numel(), at::kHalf));
+      gathered.push_back(scratch(index, 1 + r, wire.numel(), at::kHalf, buffer.device()));
     const at::ScalarType wireType = wireType_;
     return allgather(wire, gathered)
         ->then(std::function<c10::IValue(c10::ivalue::Future&)>(
                    [buffer, compressed, gathered, wireType](c10::ivalue::Future& f) mutable {
                      if (f.hasError()) std::rethrow_exception(f.exception_ptr());
+                     recordOnCurrentStream(compressed);
                      // float32 sum in rank order, then one rounding through the send
                      // buffer, which is free again.
                      at::Tensor sum =
@@ -121,8 +128,12 @@ class CastCompressHook : public CommHook {
                      for (size_t r = 0; r < gathered.size(); ++r) {
                        widenInto(sum, gathered[r], wireType, /*accumulate=*/r > 0);
                      }
-                     narrowDivided(sum.data_ptr<float>(), bits(compressed), sum.numel(), 1.f,
-                                   half16(wireType));
+                     if (sum.is_cpu()) {
+                       narrowDivided(sum.data_ptr<float>(), bits(compressed), sum.numel(), 1.f,
+                                     half16(wireType));
+                     } else {
+                       compressed.copy_(sum);  // the send buffer: a stream-ordered reuse
+                     }
                      widenInto(buffer, compressed, wireType, /*accumulate=*/false);
                      return tensorListValue(buffer);
                    }),

@@ -1,3 +1,5 @@
+#include <c10/core/impl/VirtualGuardImpl.h>
+
 #include <utility>
 
 #include "common/error.h"
@@ -70,11 +72,15 @@ void CommHook::checkBuffer(const at::Tensor& buffer, const char* op) const {
                 " dimensions, contiguous=", buffer.is_contiguous());
   BRAID_ENFORCE(at::isFloatingType(buffer.scalar_type()), op, rank_,
                 "expected a floating-point bucket, got ", buffer.scalar_type());
-  BRAID_ENFORCE(buffer.device().is_cpu(), op, rank_, "expected a CPU bucket, got ",
-                buffer.device());
+  BRAID_ENFORCE(buffer.device().is_cpu() || buffer.device().is_cuda(), op, rank_,
+                "expected a CPU or CUDA bucket, got ", buffer.device());
 }
 
-at::Tensor CommHook::scratch(size_t bucket, int slot, int64_t numel, at::ScalarType dtype) {
+at::Tensor CommHook::scratch(size_t bucket, int slot, int64_t numel, at::ScalarType dtype,
+                             c10::Device device) {
+  // See Note [Hooks on CUDA buckets]: the caching allocator reuses GPU memory
+  // without page faults, and knows which streams still use it.
+  if (!device.is_cpu()) return at::empty({numel}, at::TensorOptions().dtype(dtype).device(device));
   std::lock_guard<std::mutex> lock(scratchMu_);
   at::Tensor& t = scratch_[{bucket, slot}];
   // Only the cache holds it (no view, no work, no future, no callback): free to reuse.
@@ -112,6 +118,12 @@ c10::intrusive_ptr<c10::ivalue::Future> CommHook::allgather(at::Tensor& input,
   std::vector<std::vector<at::Tensor>> outputLists{outputs};
   std::vector<at::Tensor> inputs{input};
   return pg_->allgather(outputLists, inputs)->getFuture();
+}
+
+void recordOnCurrentStream(const at::Tensor& t) {
+  if (!t.defined() || t.device().is_cpu()) return;
+  c10::impl::VirtualGuardImpl impl(t.device().type());
+  impl.recordDataPtrOnStream(t.storage().data_ptr(), impl.getStream(t.device()));
 }
 
 c10::TypePtr tensorListType() { return c10::ListType::ofTensors(); }

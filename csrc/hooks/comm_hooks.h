@@ -115,12 +115,16 @@ class CommHook : public c10d::CommHookInterface {
   // outputs[r] receives rank r's input (same shape and dtype on every rank).
   c10::intrusive_ptr<c10::ivalue::Future> allgather(at::Tensor& input,
                                                     std::vector<at::Tensor>& outputs);
-  // Checks the buffer a bucket hands us (1-D, contiguous, floating, CPU).
+  // Checks the buffer a bucket hands us (1-D, contiguous, floating, on the
+  // CPU or a CUDA device). See Note [Hooks on CUDA buckets].
   void checkBuffer(const at::Tensor& buffer, const char* op) const;
-  // A flat tensor for (bucket, slot), reused from an earlier step when nothing
-  // else holds it any more (else a fresh one, which is kept instead): a bucket
-  // of 100 MB would otherwise cost fresh pages, i.e. page faults, every step.
-  at::Tensor scratch(size_t bucket, int slot, int64_t numel, at::ScalarType dtype);
+  // A flat tensor for (bucket, slot) on `device`. On the CPU it is reused from
+  // an earlier step when nothing else holds it any more (else a fresh one,
+  // which is kept instead): a bucket of 100 MB would otherwise cost fresh
+  // pages, i.e. page faults, every step. On a GPU it is always fresh: see
+  // Note [Hooks on CUDA buckets].
+  at::Tensor scratch(size_t bucket, int slot, int64_t numel, at::ScalarType dtype,
+                     c10::Device device);
 
   c10::intrusive_ptr<c10d::ProcessGroup> pg_;
   const int rank_;
@@ -132,6 +136,26 @@ class CommHook : public c10d::CommHookInterface {
   std::mutex scratchMu_;
   std::map<std::pair<size_t, int>, at::Tensor> scratch_;
 };
+
+// Note [Hooks on CUDA buckets]
+// On a CUDA bucket the hooks do their arithmetic with ATen ops
+// (aten_kernels.h), which run as kernels on the current stream: in runHook the
+// caller's, after the gradients; in a Future callback, a stream c10's Future
+// took from the pool and made wait for the collective. CPU buckets keep the
+// fused CPU loops (cast_kernels.h, int8_kernels.h). Two consequences:
+//  * no data_ptr() loop may touch a CUDA bucket, and no value is read back to
+//    the host (it would wait for the GPU);
+//  * memory a callback's kernels use is still in use after the callback
+//    returns. The caching allocator knows that only for the streams a tensor
+//    was recorded on (the Future records its own values), so a callback
+//    records what else it touches (recordOnCurrentStream), and scratch
+//    tensors are not reused by hand on a GPU: "nothing holds it any more"
+//    says nothing about kernels still queued on another stream.
+
+// Tells the caching allocator that t's memory is used by the kernels queued
+// on the current stream of t's device, so that it is not handed out again
+// before they ran. Nothing for CPU tensors.
+void recordOnCurrentStream(const at::Tensor& t);
 
 // The value type of every hook future: a list of tensors.
 c10::TypePtr tensorListType();

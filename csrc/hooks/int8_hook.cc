@@ -10,12 +10,15 @@
 // 2x at 4, falling as the group grows (allgather traffic is linear in w), so
 // it is meant for small groups on slow links. PyTorch's experimental uint8
 // hooks use one scale per bucket, no error feedback, two allgathers, and CUDA
-// only in 1.13 (docs/hooks.md).
+// only in 1.13 (docs/hooks.md). CPU buckets run the loops of int8_kernels.h,
+// CUDA buckets the same rules as ATen ops (aten_kernels.h, Note [Hooks on
+// CUDA buckets]), with the same packed layout and the same bits.
 #include <functional>
 #include <map>
 #include <mutex>
 
 #include "common/error.h"
+#include "hooks/aten_kernels.h"
 #include "hooks/comm_hooks.h"
 #include "hooks/int8_kernels.h"
 
@@ -49,32 +52,46 @@ class Int8Hook : public CommHook {
     const int64_t chunk = opts_.chunkSize;
     const int64_t nchunks = (n + chunk - 1) / chunk;
 
-    float* residual = nullptr;
+    at::Tensor residual;  // undefined without error feedback
     if (opts_.useErrorFeedback) {
       std::lock_guard<std::mutex> lock(mu_);
       at::Tensor& r = residuals_[bucket.index];
-      // A rebuilt bucket (new size) starts without residual.
-      if (!r.defined() || r.numel() != n) r = at::zeros({n}, work.options());
-      residual = r.data_ptr<float>();
+      // A rebuilt bucket (new size, or moved to another device) starts without residual.
+      if (!r.defined() || r.numel() != n || r.device() != work.device())
+        r = at::zeros({n}, work.options());
+      residual = r;
     }
 
     // One int8 tensor per rank: nchunks float32 scales, then n int8 values.
     const int64_t scaleBytes = nchunks * int64_t(sizeof(float));
-    at::Tensor packed = scratch(bucket.index, 0, scaleBytes + n, at::kChar);
-    auto* base = reinterpret_cast<uint8_t*>(packed.data_ptr());
-    quantizeInt8(work.data_ptr<float>(), residual, n, chunk, reinterpret_cast<float*>(base),
-                 reinterpret_cast<int8_t*>(base + scaleBytes));
+    const c10::Device device = work.device();
+    at::Tensor packed = scratch(bucket.index, 0, scaleBytes + n, at::kChar, device);
+    if (device.is_cpu()) {
+      auto* base = reinterpret_cast<uint8_t*>(packed.data_ptr());
+      quantizeInt8(work.data_ptr<float>(),
+                   residual.defined() ? residual.data_ptr<float>() : nullptr, n, chunk,
+                   reinterpret_cast<float*>(base), reinterpret_cast<int8_t*>(base + scaleBytes));
+    } else {
+      quantizeInt8Aten(work, residual, chunk, packed);
+    }
 
     std::vector<at::Tensor> gathered;
     gathered.reserve(size_);
     for (int r = 0; r < size_; ++r)
-      gathered.push_back(scratch(bucket.index, 1 + r, scaleBytes + n, at::kChar));
+      gathered.push_back(scratch(bucket.index, 1 + r, scaleBytes + n, at::kChar, device));
     const int size = size_;
     return allgather(packed, gathered)
         ->then(std::function<c10::IValue(c10::ivalue::Future&)>(
                    [input, work, gathered, n, chunk, scaleBytes,
                     size](c10::ivalue::Future& f) mutable {
                      if (f.hasError()) std::rethrow_exception(f.exception_ptr());
+                     if (!work.is_cpu()) {
+                       // A float32 copy of a 16-bit bucket: freed once this returns.
+                       if (!work.is_same(input)) recordOnCurrentStream(work);
+                       dequantizeSumInt8Aten(gathered, chunk, 1.f / size, work);
+                       if (!work.is_same(input)) input.copy_(work);
+                       return tensorListValue(input);
+                     }
                      std::vector<const int8_t*> qs(size);
                      std::vector<const float*> scales(size);
                      for (int r = 0; r < size; ++r) {

@@ -1,7 +1,9 @@
 // PowerSGD (Vogels et al., 2019) as torch's powerSGD_hook: each gradient
 // matrix M (n x m, the parameter viewed as shape[0] x rest) is sent as the
 // rank-r factors P = M Q (n x r) and Q = M^T P (m x r) instead of n * m
-// values. See Note [Collective order in hooks] for where the waits are.
+// values. See Note [Collective order in hooks] for where the waits are. CPU
+// buckets orthogonalize with the loop below, CUDA buckets with ATen ops
+// (aten_kernels.h, Note [Hooks on CUDA buckets]); both draw Q on the CPU.
 #include <ATen/CPUGeneratorImpl.h>
 
 #include <cmath>
@@ -12,6 +14,7 @@
 
 #include "common/error.h"
 #include "common/logging.h"
+#include "hooks/aten_kernels.h"
 #include "hooks/comm_hooks.h"
 
 namespace braid {
@@ -47,6 +50,7 @@ void orthogonalizeVectors(T* a, int64_t count, int64_t len, int64_t vecStride, i
 
 // Orthonormalizes the columns of m (n x r), or its rows when `rows`.
 void orthogonalize(const at::Tensor& m, bool rows, double epsilon) {
+  if (!m.is_cpu()) return orthogonalizeAten(m, rows, epsilon);
   TORCH_INTERNAL_ASSERT(m.dim() == 2 && m.is_contiguous());
   const int64_t n = m.size(0), r = m.size(1);
   const int64_t count = rows ? n : r, len = rows ? r : n;
@@ -140,7 +144,7 @@ class PowerSGDHook : public CommHook {
     at::Tensor inputCopy;
     if (opts_.useErrorFeedback) {
       if (st->error.defined() && st->error.numel() == total &&
-          st->error.scalar_type() == work.scalar_type()) {
+          st->error.scalar_type() == work.scalar_type() && st->error.device() == work.device()) {
         work.add_(st->error);
       } else {
         st->error = at::empty_like(work);
@@ -185,17 +189,22 @@ class PowerSGDHook : public CommHook {
     // Q: random and orthogonal on the first compressed step (and every step
     // without warm start), else last step's averaged Q re-orthogonalized.
     // Every rank draws the same seeds, so the Qs agree without communication.
+    // The draw is on the CPU for every bucket, then copied to the bucket's
+    // device: a CUDA bucket gets the Q a CPU bucket gets.
     const bool randomize = !opts_.warmStart || !st->q.defined() || st->qLayout != qLayout ||
-                           st->q.scalar_type() != work.scalar_type();
+                           st->q.scalar_type() != work.scalar_type() ||
+                           st->q.device() != work.device();
     if (randomize) {
       auto gen = at::detail::createCPUGenerator(rng_() % 1000000000ULL);
-      st->q = at::randn({totalQ}, gen, work.options());
+      st->q = at::randn({totalQ}, gen, work.options().device(at::kCPU));
+      if (!work.is_cpu()) st->q = st->q.to(work.device());
       st->qLayout = qLayout;
     }
     // Q is kept transposed (r x m): Q' = M^T P is then computed as P^T M,
     // which BLAS runs several times faster than the transposed product here.
     std::vector<at::Tensor> ps, qs;
-    at::Tensor flat = scratch(bucket.index, 0, totalPlain + totalP, work.scalar_type());
+    at::Tensor flat =
+        scratch(bucket.index, 0, totalPlain + totalP, work.scalar_type(), work.device());
     int64_t pOff = totalPlain, qOff = 0, plainOff = 0;
     for (const auto& mat : mats) {
       ps.push_back(flat.narrow(0, pOff, mat.n * mat.r).view({mat.n, mat.r}));
@@ -226,8 +235,8 @@ class PowerSGDHook : public CommHook {
       orthogonalize(ps[i], /*rows=*/false, opts_.orthogonalizationEpsilon);
       at::mm_out(qs[i], ps[i].t(), mats[i].m);
     }
-    const Finish fin{input,          work, inputCopy, st, mats, ps, qs, opts_.useErrorFeedback,
-                     opts_.warmStart};
+    const Finish fin{
+        input, work, inputCopy, flat, st, mats, ps, qs, opts_.useErrorFeedback, opts_.warmStart};
     if (mats.empty()) {
       auto fut = c10::make_intrusive<c10::ivalue::Future>(tensorListType());
       fut->markCompleted(fin());
@@ -247,13 +256,17 @@ class PowerSGDHook : public CommHook {
 
   // Decompression: M ~= P Q^T into the buffer, then the residual.
   struct Finish {
-    at::Tensor input, work, inputCopy;
+    at::Tensor input, work, inputCopy, flat;
     std::shared_ptr<BucketState> st;
     std::vector<Matrix> mats;
     std::vector<at::Tensor> ps, qs;
     bool useErrorFeedback, warmStart;
 
     c10::IValue operator()() const {
+      // On a GPU these kernels may run on the callback's stream: keep the
+      // temporaries (P's buffer; work, for a half bucket) from reuse until they ran.
+      recordOnCurrentStream(flat);
+      if (!work.is_same(input)) recordOnCurrentStream(work);
       for (size_t i = 0; i < mats.size(); ++i) {
         at::Tensor m = mats[i].m;
         at::mm_out(m, ps[i], qs[i]);
