@@ -1,15 +1,18 @@
-"""DDP training on braid's simulated CUDA device, checked against the same training on CPU.
+"""DDP training on CUDA tensors, checked against the same training on CPU.
 
-Each rank installs the simulated device (torch_braid._sim_cuda; Note [ATen on the
-simulated device] in csrc/backend/sim_aten.cc): the model, its gradients and its
-buckets are "CUDA" tensors, ATen runs their CPU kernels in the order of the current
-simulated stream, and braid's CUDA path (the staged executor, as ranks sharing a
-device use) reduces the buckets. The same model, data and group trained on CPU
-tensors must end with the same parameters bit for bit: the forward and backward
-kernels are the same CPU kernels, and both paths sum each bucket with braid's CPU
-collectives in the same order. A gradient reduced from the wrong bytes, a bucket
-read before backward wrote it, or a result read before the copy back to the device
-ran differs by far more.
+Without a GPU (CI), each rank installs braid's simulated device (torch_braid._sim_cuda;
+Note [ATen on the simulated device] in csrc/backend/sim_aten.cc): the model, its
+gradients and its buckets are "CUDA" tensors, ATen runs their CPU kernels in the order
+of the current simulated stream, and braid's CUDA path reduces the buckets. The same
+model, data and group trained on CPU tensors must then end with the same parameters
+bit for bit: the forward and backward kernels are the same CPU kernels, and both paths
+sum each bucket with braid's CPU collectives in the same order. A gradient reduced from
+the wrong bytes, a bucket read before backward wrote it, or a result read before the
+copy back to the device ran differs by far more.
+
+With a CUDA torch and a GPU (tools/gpu_check.sh) the same tests run on the real device,
+rank r on GPU r % count, and compare within 1e-4 relative (the GPU's kernels sum in
+their own order; TF32 is off for these matmuls by torch's default).
 
 Backward over CUDA tensors needs torch's CUDA hooks to answer for the device (Note
 [The simulated device as torch's accelerator] in csrc/backend/sim_hooks.cc).
@@ -25,10 +28,15 @@ SIM_DEVICES = 2
 STEPS = 4
 
 
-def _sim(ctx):
+def _devices(ctx):
+    """How many CUDA devices the ranks share: the GPUs, else the simulated ones."""
+    torch = ctx.torch
+    if torch.version.cuda and torch.cuda.is_available():
+        return torch.cuda.device_count(), True
     import torch_braid._sim_cuda
 
     torch_braid._sim_cuda.install(SIM_DEVICES)
+    return SIM_DEVICES, False
 
 
 def _model(torch, seed):
@@ -73,17 +81,24 @@ def _braid_ddp(model, device, **kwargs):
 
 def _same_as_cpu(ctx, which, kwargs):
     torch = ctx.torch
-    _sim(ctx)
+    devices, real = _devices(ctx)
     ch = H.Checker(ctx)
     wrap = {"torch": _torch_ddp, "braid": _braid_ddp}[which]
-    cuda = torch.device("cuda", ctx.rank % SIM_DEVICES)
+    cuda = torch.device("cuda", ctx.rank % devices)
+    if real:
+        torch.cuda.set_device(cuda)
     on_cpu = _train(ctx, torch.device("cpu"), wrap, **kwargs)
     on_cuda = _train(ctx, cuda, wrap, **kwargs)
     start = _model(torch, seed=7)  # rank 0's initial parameters
     ch.true("training moved the parameters",
             any(not torch.equal(a, b) for a, b in zip(on_cpu, start.parameters())), "")
     for i, (a, b) in enumerate(zip(on_cpu, on_cuda)):
-        ch.equal(f"{which} DDP {kwargs} parameter {i}: CUDA (simulated) vs CPU", b, a)
+        what = f"{which} DDP {kwargs} parameter {i}: CUDA ({'GPU' if real else 'simulated'}) vs CPU"
+        if real:
+            ch.true(what, torch.allclose(b, a, rtol=1e-4, atol=1e-6),
+                    f"max |diff| {(b - a).abs().max().item():.3g}")
+        else:
+            ch.equal(what, b, a)
     # Every rank ends with rank 0's replica.
     gathered = [torch.zeros_like(on_cuda[0]) for _ in range(ctx.size)]
     ctx.dist.all_gather(gathered, on_cuda[0])

@@ -17,7 +17,18 @@ import pytest
 
 import harness as H
 
-pytestmark = [pytest.mark.braid_only]
+def _torch_has_cuda():
+    import torch
+
+    return torch.version.cuda is not None
+
+
+pytestmark = [
+    pytest.mark.braid_only,
+    # The simulated device stands in only where torch has no CUDA (it refuses a CUDA
+    # build); on a GPU, test_cuda_ddp.py and tools/gpu_smoke.py run the real device.
+    pytest.mark.skipif(_torch_has_cuda(), reason="torch has CUDA: nothing to simulate"),
+]
 
 SIM_DEVICES = 2
 
