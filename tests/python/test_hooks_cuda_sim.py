@@ -267,11 +267,15 @@ def _powersgd_error_feedback(ctx):
     return torch.stack(outs)
 
 
-def _slow_collective(ctx):
-    """braid's comm stream is slowed down (each task sleeps first): the hooks'
-    ATen ops after the collective (decompression in a Future callback,
-    PowerSGD's after its wait in run) must still come after its copies back to
-    the device, by stream order alone."""
+def _slow_streams(ctx):
+    """Stream order, with slow streams (each task sleeps first). The caller's
+    stream: the bucket's values land there 20 ms after the hook is called, and
+    the hook must compress them, not what the memory held before. braid's comm
+    stream: the hooks' ATen ops after the collective (decompression in a Future
+    callback, PowerSGD's after its wait in run) must still come after its
+    copies back to the device. (The simulation cannot catch a host loop over
+    device memory: any ATen op on the device, an allocation included, first
+    drains the stream on the host.)"""
     import torch_braid
     import torch_braid.hooks as hooks
 
@@ -287,15 +291,25 @@ def _slow_collective(ctx):
              ("int8", lambda: hooks.int8_state(chunk_size=32), hooks.int8_compress),
              ("powersgd", T._full_rank_powersgd, hooks.powersgd)]
     want = {name: _run(fn, make(), xs[ctx.rank].clone(), shapes) for name, make, fn in cases}
-    torch_braid._C._sim_delay_comm_stream(backend, 20_000)
+    C = torch_braid._C
+
+    def check(name, got):
+        ok = (torch.equal(got, want[name]) if name != "powersgd" else
+              torch.allclose(got, want[name], rtol=PSGD_RTOL, atol=PSGD_ATOL))
+        assert ok, (name, (got - want[name]).abs().max())
+
+    for name, make, fn in cases:
+        buf = torch.zeros(xs[ctx.rank].numel(), device=dev)
+        C._sim_delay_current_stream(dev.index, 20_000)
+        C._sim_write(buf, xs[ctx.rank])
+        C._sim_delay_current_stream(dev.index, 0)
+        check(name, _run(fn, make(), buf, shapes))
+    C._sim_delay_comm_stream(backend, 20_000)
     try:
         for name, make, fn in cases:
-            got = _run(fn, make(), xs[ctx.rank].to(dev, copy=True), shapes)
-            ok = (torch.equal(got, want[name]) if name != "powersgd" else
-                  torch.allclose(got, want[name], rtol=PSGD_RTOL, atol=PSGD_ATOL))
-            assert ok, (name, (got - want[name]).abs().max())
+            check(name, _run(fn, make(), xs[ctx.rank].to(dev, copy=True), shapes))
     finally:
-        torch_braid._C._sim_delay_comm_stream(backend, 0)
+        C._sim_delay_comm_stream(backend, 0)
 
 
 # ---- DDP on the simulated device -------------------------------------------------
@@ -411,8 +425,8 @@ def test_powersgd_error_feedback_on_cuda(world):
 
 
 @pytest.mark.parametrize("world", WORLDS[:1], indirect=True)
-def test_hooks_wait_for_a_slow_collective(world):
-    world.run(_slow_collective)
+def test_hooks_keep_stream_order(world):
+    world.run(_slow_streams)
 
 
 @pytest.mark.parametrize("which", ["torch", "braid"])
