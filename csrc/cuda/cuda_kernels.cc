@@ -15,6 +15,7 @@
 
 #include "common/error.h"
 #include "cuda/host_kernels.h"
+#include "cuda/kernels.cuh"
 
 namespace braid {
 namespace cuda {
@@ -82,6 +83,23 @@ void launchReduce(const rt::Runtime& r, DataType type, ReduceOp op, void* dst, c
   BRAID_CUDART(r.f.launchKernel(k, rt::Dim3{static_cast<unsigned>(blocks), 1, 1},
                                 rt::Dim3{kThreads, 1, 1}, args, 0, stream),
                "cudaLaunchKernel(", name, ", dst=", dst, ", src=", src, ", count=", count,
+               ", stream=", stream, ")");
+}
+
+void launchReduceMulti(const rt::Runtime& r, DataType type, ReduceOp op, void* dst,
+                       const void* const* srcs, int n, double divisor, size_t count,
+                       rt::StreamT stream) {
+  checkReduceMultiArgs("reduceMultiAsync", type, op, dst, srcs, n, divisor, count);
+  if (count == 0) return;
+  const char* name = reduceMultiKernelName(type, op);
+  rt::KernelT k = kernel(r, name);
+  kernels::ReduceSources sources{};
+  for (int i = 0; i < n; ++i) sources.p[i] = srcs[i];
+  const size_t blocks = std::min(kMaxBlocks, (count + kThreads - 1) / kThreads);
+  void* args[] = {&dst, &sources, &n, &divisor, &count};
+  BRAID_CUDART(r.f.launchKernel(k, rt::Dim3{static_cast<unsigned>(blocks), 1, 1},
+                                rt::Dim3{kThreads, 1, 1}, args, 0, stream),
+               "cudaLaunchKernel(", name, ", dst=", dst, ", ", n, " sources, count=", count,
                ", stream=", stream, ")");
 }
 

@@ -17,6 +17,10 @@ bool haveKernels();
 // belong to the current device. Arguments as checkReduceArgs accepts them.
 // Throws braid::Error when the build has no kernels, the runtime has no
 // library API (CUDA < 12.0), or the launch fails.
+void launchReduceMulti(const rt::Runtime& r, DataType type, ReduceOp op, void* dst,
+                       const void* const* srcs, int n, double divisor, size_t count,
+                       rt::StreamT stream);
+
 void launchReduce(const rt::Runtime& r, DataType type, ReduceOp op, void* dst, const void* src,
                   size_t count, rt::StreamT stream);
 

@@ -194,14 +194,73 @@ class CudaRuntime final : public DeviceApi {
   void reduceAsync(DataType type, ReduceOp op, void* dst, const void* src, size_t count,
                    Stream s) override {
     // The launch must go to the stream's device (Note [The current device]).
+    DeviceGuard guard(r_, streamDevice(s));
+    launchReduce(r_, type, op, dst, src, count, s);
+  }
+
+  void reduceMultiAsync(DataType type, ReduceOp op, void* dst, const void* const* srcs, int n,
+                        double divisor, size_t count, Stream s) override {
+    DeviceGuard guard(r_, streamDevice(s));
+    launchReduceMulti(r_, type, op, dst, srcs, n, divisor, count, s);
+  }
+
+  // cudaMalloc'd memory can always be exported.
+  void* deviceAllocShareable(int device, size_t bytes) override {
+    return deviceAlloc(device, bytes);
+  }
+  std::string ipcMemHandle(void* p) override {
+    rt::IpcHandle h{};
+    BRAID_CUDART(f_.ipcGetMemHandle(&h, p), "cudaIpcGetMemHandle(", p, ")");
+    return std::string(h.reserved, sizeof(h.reserved));
+  }
+  void* ipcOpenMem(const std::string& handle) override {
+    rt::IpcHandle h = toHandle(handle, "cudaIpcOpenMemHandle");
+    void* p = nullptr;
+    BRAID_CUDART(f_.ipcOpenMemHandle(&p, h, rt::kIpcMemLazyEnablePeerAccess),
+                 "cudaIpcOpenMemHandle(cudaIpcMemLazyEnablePeerAccess)");
+    return p;
+  }
+  void ipcCloseMem(void* p) override {
+    BRAID_CUDART(f_.ipcCloseMemHandle(p), "cudaIpcCloseMemHandle(", p, ")");
+  }
+  Event eventCreateShareable(int device) override {
+    DeviceGuard guard(r_, device);
+    Event e = nullptr;
+    BRAID_CUDART(f_.eventCreateWithFlags(&e, rt::kEventDisableTiming | rt::kEventInterprocess),
+                 "cudaEventCreateWithFlags(device=", device,
+                 ", cudaEventDisableTiming | cudaEventInterprocess)");
+    return e;
+  }
+  std::string ipcEventHandle(Event e) override {
+    rt::IpcHandle h{};
+    BRAID_CUDART(f_.ipcGetEventHandle(&h, e), "cudaIpcGetEventHandle(", e, ")");
+    return std::string(h.reserved, sizeof(h.reserved));
+  }
+  Event ipcOpenEvent(const std::string& handle) override {
+    rt::IpcHandle h = toHandle(handle, "cudaIpcOpenEventHandle");
+    Event e = nullptr;
+    BRAID_CUDART(f_.ipcOpenEventHandle(&e, h), "cudaIpcOpenEventHandle");
+    return e;
+  }
+
+  int streamDevice(Stream s) {
     int device = -1;
     if (s != nullptr && f_.streamGetDevice != nullptr) {
       BRAID_CUDART(f_.streamGetDevice(s, &device), "cudaStreamGetDevice(", s, ")");
     } else {
       device = getDevice();  // the null stream, or a runtime without cudaStreamGetDevice
     }
-    DeviceGuard guard(r_, device);
-    launchReduce(r_, type, op, dst, src, count, s);
+    return device;
+  }
+
+  static rt::IpcHandle toHandle(const std::string& bytes, const char* call) {
+    rt::IpcHandle h{};
+    if (bytes.size() != sizeof(h.reserved)) {
+      throw Error(strCat("braid: ", call, ": a handle of ", bytes.size(), " bytes, expected ",
+                         sizeof(h.reserved)));
+    }
+    std::memcpy(h.reserved, bytes.data(), sizeof(h.reserved));
+    return h;
   }
 
   void setStreamDelay(Stream, std::chrono::microseconds) override {

@@ -121,6 +121,11 @@ std::unique_ptr<Runtime> load() {
   resolve(h, *r, "cudaStreamSynchronize", &f.streamSynchronize);
   resolve(h, *r, "cudaStreamQuery", &f.streamQuery);
   resolve(h, *r, "cudaEventCreateWithFlags", &f.eventCreateWithFlags);
+  resolve(h, *r, "cudaIpcGetMemHandle", &f.ipcGetMemHandle);
+  resolve(h, *r, "cudaIpcOpenMemHandle", &f.ipcOpenMemHandle);
+  resolve(h, *r, "cudaIpcCloseMemHandle", &f.ipcCloseMemHandle);
+  resolve(h, *r, "cudaIpcGetEventHandle", &f.ipcGetEventHandle);
+  resolve(h, *r, "cudaIpcOpenEventHandle", &f.ipcOpenEventHandle);
   resolve(h, *r, "cudaEventDestroy", &f.eventDestroy);
   resolve(h, *r, "cudaEventRecord", &f.eventRecord);
   resolve(h, *r, "cudaStreamWaitEvent", &f.streamWaitEvent);

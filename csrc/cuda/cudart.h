@@ -27,6 +27,14 @@ constexpr unsigned kStreamNonBlocking = 0x01;     // cudaStreamNonBlocking
 constexpr unsigned kEventDisableTiming = 0x02;    // cudaEventDisableTiming
 constexpr unsigned kHostAllocPortable = 0x01;     // cudaHostAllocPortable
 constexpr unsigned kEventWaitDefault = 0x00;      // cudaEventWaitDefault
+constexpr unsigned kEventInterprocess = 0x04;     // cudaEventInterprocess
+constexpr unsigned kIpcMemLazyEnablePeerAccess = 0x01;  // cudaIpcMemLazyEnablePeerAccess
+
+// cudaIpcMemHandle_t and cudaIpcEventHandle_t: 64 opaque bytes, passed by
+// value to the Open calls.
+struct IpcHandle {
+  char reserved[64];
+};
 // cudaDeviceProp begins with char name[256], then cudaUUID_t uuid (16
 // bytes), in every runtime since CUDA 10. The struct itself grew across
 // versions, so it is read into a buffer far larger than any of them.
@@ -64,6 +72,11 @@ struct Functions {
   Status (*free)(void*);
   Status (*launchHostFunc)(StreamT, void (*)(void*), void*);
   Status (*launchKernel)(const void*, Dim3, Dim3, void**, size_t, StreamT);
+  Status (*ipcGetMemHandle)(IpcHandle*, void*);
+  Status (*ipcOpenMemHandle)(void**, IpcHandle, unsigned);
+  Status (*ipcCloseMemHandle)(void*);
+  Status (*ipcGetEventHandle)(IpcHandle*, EventT);
+  Status (*ipcOpenEventHandle)(EventT*, IpcHandle);
   // Optional: null when this runtime lacks them (checked where used).
   Status (*streamGetDevice)(StreamT, int*);  // recent runtimes (13.0 has it)
   Status (*libraryLoadData)(LibraryT*, const void* code, void* jitOptions, void** jitValues,

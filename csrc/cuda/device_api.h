@@ -34,6 +34,8 @@ namespace cuda {
 using Stream = void*;
 using Event = void*;
 
+constexpr size_t kIpcHandleBytes = 64;  // cudaIpcMemHandle_t, cudaIpcEventHandle_t
+
 class DeviceApi {
  public:
   virtual ~DeviceApi() = default;
@@ -84,6 +86,33 @@ class DeviceApi {
   // reduce/reduce.h): one kernel from cuda/kernels.cuh.
   virtual void reduceAsync(DataType type, ReduceOp op, void* dst, const void* src, size_t count,
                            Stream s) = 0;
+
+  // dst[i] = op(srcs[0][i], ..., srcs[n-1][i]), divided by `divisor` (1: not;
+  // float types only), for i < count, in stream order: one kernel (Note
+  // [Multi-source reduce] in cuda/kernels.cuh). The sources may be another
+  // process's memory opened with ipcOpenMem; dst may be one of them.
+  virtual void reduceMultiAsync(DataType type, ReduceOp op, void* dst, const void* const* srcs,
+                                int n, double divisor, size_t count, Stream s) = 0;
+
+  // CUDA IPC (Note [Same-GPU collectives] in cuda/same_gpu.h): memory and
+  // events that another process on the host can open. Handles are opaque
+  // bytes (kIpcHandleBytes), valid while the exporter keeps the object.
+  // Device memory another process may open (cudaMalloc: all of it can be; the
+  // simulated device backs this kind with shareable memory). Freed with
+  // deviceFree.
+  virtual void* deviceAllocShareable(int device, size_t bytes) = 0;
+  virtual std::string ipcMemHandle(void* p) = 0;  // p: from deviceAllocShareable
+  // The exporter's allocation, mapped here; closed with ipcCloseMem.
+  virtual void* ipcOpenMem(const std::string& handle) = 0;
+  virtual void ipcCloseMem(void* p) = 0;
+  // An event other processes can wait on (cudaEventInterprocess |
+  // cudaEventDisableTiming), destroyed with eventDestroy. Recorded by its
+  // creator only, on one stream at a time.
+  virtual Event eventCreateShareable(int device) = 0;
+  virtual std::string ipcEventHandle(Event e) = 0;
+  // The exporter's event, here: streamWaitEvent/eventQuery on it see the
+  // exporter's records; eventDestroy closes it.
+  virtual Event ipcOpenEvent(const std::string& handle) = 0;
 
   // Testing only (the simulated device; cudaRuntime() throws): every task
   // enqueued on `s` from now on first sleeps for `delay`.

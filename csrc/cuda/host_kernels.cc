@@ -56,6 +56,43 @@ void hostReduce(DataType type, ReduceOp op, void* dst, const void* src, size_t c
 #undef BRAID_RUN
 }
 
+const char* reduceMultiKernelName(DataType type, ReduceOp op) {
+#define BRAID_NAME(tname, dtype, codec, opname, rop, opstruct) \
+  if (type == DataType::dtype && op == ReduceOp::rop) return "braid_reduce_multi_" #tname "_" #opname;
+  BRAID_CUDA_REDUCE_KERNELS(BRAID_NAME)
+#undef BRAID_NAME
+  return nullptr;
+}
+
+void checkReduceMultiArgs(const char* call, DataType type, ReduceOp op, const void* dst,
+                          const void* const* srcs, int n, double divisor, size_t count) {
+  if (n < 1 || n > kMaxReduceSources) {
+    throw Error(strCat("braid: ", call, ": ", n, " sources; 1 to ", kMaxReduceSources,
+                       " are allowed"));
+  }
+  if (divisor != 1.0 && !isFloating(type)) {
+    throw Error(strCat("braid: ", call, ": a divisor of ", divisor, " needs a float type, got ",
+                       toString(type)));
+  }
+  // Each source is checked as a pairwise reduce would be (alignment, kernel
+  // exists); sources may equal dst, but not partly overlap it.
+  for (int k = 0; k < n; ++k) checkReduceArgs(call, type, op, dst, srcs[k], count);
+}
+
+void hostReduceMulti(DataType type, ReduceOp op, void* dst, const void* const* srcs, int n,
+                     double divisor, size_t count) {
+  checkReduceMultiArgs("hostReduceMulti", type, op, dst, srcs, n, divisor, count);
+  ReduceSources sources{};
+  for (int k = 0; k < n; ++k) sources.p[k] = srcs[k];
+#define BRAID_RUN(tname, dtype, codec, opname, rop, opstruct)                          \
+  if (type == DataType::dtype && op == ReduceOp::rop) {                                \
+    return reduceMultiRange<codec, opstruct>(static_cast<codec::Mem*>(dst), sources, n, \
+                                             divisor, 0, count, 1);                     \
+  }
+  BRAID_CUDA_REDUCE_KERNELS(BRAID_RUN)
+#undef BRAID_RUN
+}
+
 void hostScale(DataType type, void* dst, const void* src, double factor, size_t count) {
   const float f = static_cast<float>(factor);
   switch (type) {

@@ -27,6 +27,14 @@ void hostReduce(DataType type, ReduceOp op, void* dst, const void* src, size_t c
 
 // reduce::scale and reduce::divide, through the kernel bodies. scale needs a
 // float type; divide a nonzero divisor (both throw braid::Error otherwise).
+// The multi-source kernel's name, or null (Note [Multi-source reduce]).
+const char* reduceMultiKernelName(DataType type, ReduceOp op);
+// Checks reduceMultiAsync's arguments; throws braid::Error naming `call`.
+void checkReduceMultiArgs(const char* call, DataType type, ReduceOp op, const void* dst,
+                          const void* const* srcs, int n, double divisor, size_t count);
+void hostReduceMulti(DataType type, ReduceOp op, void* dst, const void* const* srcs, int n,
+                     double divisor, size_t count);
+
 void hostScale(DataType type, void* dst, const void* src, double factor, size_t count);
 void hostDivide(DataType type, void* dst, const void* src, int64_t divisor, size_t count);
 

@@ -22,3 +22,12 @@ using namespace braid::cuda::kernels;  // NOLINT: the codecs and ops the list na
   }
 BRAID_CUDA_REDUCE_KERNELS(BRAID_REDUCE_KERNEL)
 #undef BRAID_REDUCE_KERNEL
+
+// dst[i] = op over n sources (Note [Multi-source reduce] in kernels.cuh).
+#define BRAID_REDUCE_MULTI_KERNEL(tname, dtype, codec, opname, rop, opstruct)              \
+  extern "C" __global__ void braid_reduce_multi_##tname##_##opname(                        \
+      codec::Mem* dst, ReduceSources srcs, int n, double divisor, size_t count) {          \
+    reduceMultiRange<codec, opstruct>(dst, srcs, n, divisor, BRAID_FIRST, count, BRAID_STRIDE); \
+  }
+BRAID_CUDA_REDUCE_KERNELS(BRAID_REDUCE_MULTI_KERNEL)
+#undef BRAID_REDUCE_MULTI_KERNEL

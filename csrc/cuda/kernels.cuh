@@ -227,6 +227,31 @@ BRAID_HD inline void reduceRange(typename C::Mem* dst, const typename C::Mem* sr
 
 // dst[i] = src[i] * factor for float types: F is float for fp32/fp16/bf16 and
 // double for fp64, as reduce::scale.
+// Note [Multi-source reduce]
+// dst[i] = op(srcs[0][i], ..., srcs[n-1][i]) in source order, accumulated in
+// the codec's Acc type and narrowed once (fp16/bf16 sum in fp32 and round
+// once, the CPU path's rule), then divided by `divisor` before narrowing when
+// it is not 1 (AVG). dst may be one of the sources: each element is read from
+// every source before it is written. Ranks sharing a GPU reduce their slice
+// this way, reading every peer's buffer directly (cuda/same_gpu.cc).
+constexpr int kMaxReduceSources = 16;
+struct ReduceSources {  // passed by value to the kernel
+  const void* p[kMaxReduceSources];
+};
+
+template <class C, class Op>
+BRAID_HD inline void reduceMultiRange(typename C::Mem* dst, const ReduceSources& srcs, int n,
+                                      double divisor, size_t begin, size_t end, size_t stride) {
+  using M = typename C::Mem;
+  using A = typename C::Acc;
+  for (size_t i = begin; i < end; i += stride) {
+    A a = C::widen(static_cast<const M*>(srcs.p[0])[i]);
+    for (int k = 1; k < n; ++k) a = Op::apply(a, C::widen(static_cast<const M*>(srcs.p[k])[i]));
+    if (divisor != 1.0) a = static_cast<A>(a / static_cast<A>(divisor));
+    dst[i] = C::narrow(a);
+  }
+}
+
 template <class C, class F>
 BRAID_HD inline void scaleRange(typename C::Mem* dst, const typename C::Mem* src, F factor,
                                 size_t begin, size_t end, size_t stride) {

@@ -26,6 +26,7 @@
 #include "common/error.h"
 #include "cuda/device_api.h"
 #include "cuda/host_kernels.h"
+#include "cuda/sim_ipc.h"
 #include "cuda/sim_stream.h"
 
 namespace braid {
@@ -107,12 +108,19 @@ class SimDevice final : public DeviceApi {
     // Pending records and waits hold their own reference, so destroying an
     // event with work in flight is safe, as on CUDA.
     std::lock_guard<std::mutex> lk(mu_);
+    auto ipc = ipcEvents_.find(handle);
+    if (ipc != ipcEvents_.end()) {
+      if (!ipc->second->owner()) ipc->second->close();  // waits on it give up
+      ipcEvents_.erase(ipc);
+      return;
+    }
     if (events_.erase(handle) == 0) {
       throw Error(strCat("braid: eventDestroy(", handle, "): unknown or already destroyed event"));
     }
   }
 
   void eventRecord(Event handle, Stream sh) override {
+    if (auto ipc = ipcEvent(handle)) return ipc->record(stream("eventRecord", sh));
     auto e = event("eventRecord", handle);
     auto s = stream("eventRecord", sh);
     if (e->device() != s->device()) {
@@ -131,6 +139,7 @@ class SimDevice final : public DeviceApi {
 
   void streamWaitEvent(Stream sh, Event handle) override {
     auto s = stream("streamWaitEvent", sh);
+    if (auto ipc = ipcEvent(handle)) return ipc->waitOn(s);
     auto e = event("streamWaitEvent", handle);
     const uint64_t g = e->latest();  // the record as of this call
     if (e->done(g)) return;
@@ -138,6 +147,7 @@ class SimDevice final : public DeviceApi {
   }
 
   bool eventQuery(Event handle) override {
+    if (auto ipc = ipcEvent(handle)) return ipc->query();
     auto e = event("eventQuery", handle);
     if (!e->done(e->latest())) return false;
     throwIfFailed(e);
@@ -145,6 +155,7 @@ class SimDevice final : public DeviceApi {
   }
 
   void eventSynchronize(Event handle) override {
+    if (auto ipc = ipcEvent(handle)) return ipc->synchronize();
     auto e = event("eventSynchronize", handle);
     e->waitFor(e->latest());
     throwIfFailed(e);
@@ -167,7 +178,77 @@ class SimDevice final : public DeviceApi {
     checkDevice("deviceAlloc", device);
     return allocate("deviceAlloc", bytes, device);
   }
-  void deviceFree(void* p) override { release("deviceFree", p, 0); }
+  void deviceFree(void* p) override {
+    {
+      std::lock_guard<std::mutex> lk(mu_);
+      if (shared_.erase(p) > 0) return;  // the region unmaps when its last owner goes
+    }
+    release("deviceFree", p, 0);
+  }
+
+  // Note [Simulated IPC] in sim_ipc.h.
+  void* deviceAllocShareable(int device, size_t bytes) override {
+    checkDevice("deviceAllocShareable", device);
+    auto r = sim::SharedRegion::create(bytes, "deviceAllocShareable");
+    std::lock_guard<std::mutex> lk(mu_);
+    shared_[r->data()] = r;
+    return r->data();
+  }
+  std::string ipcMemHandle(void* p) override {
+    std::lock_guard<std::mutex> lk(mu_);
+    auto it = shared_.find(p);
+    if (it == shared_.end()) {
+      throw Error(strCat("braid: ipcMemHandle(", p, "): not memory from deviceAllocShareable"));
+    }
+    return it->second->handle();
+  }
+  void* ipcOpenMem(const std::string& handle) override {
+    auto r = sim::SharedRegion::open(handle, "ipcOpenMem");
+    std::lock_guard<std::mutex> lk(mu_);
+    opened_[r->data()] = r;
+    return r->data();
+  }
+  void ipcCloseMem(void* p) override {
+    std::lock_guard<std::mutex> lk(mu_);
+    if (opened_.erase(p) == 0) {
+      throw Error(strCat("braid: ipcCloseMem(", p, "): not memory opened with ipcOpenMem"));
+    }
+  }
+  Event eventCreateShareable(int device) override {
+    checkDevice("eventCreateShareable", device);
+    auto e = std::make_shared<sim::SharedEvent>(device);
+    std::lock_guard<std::mutex> lk(mu_);
+    ipcEvents_[e.get()] = e;
+    return e.get();
+  }
+  std::string ipcEventHandle(Event handle) override {
+    auto e = ipcEvent(handle);
+    if (!e || !e->owner()) {
+      throw Error(strCat("braid: ipcEventHandle(", handle,
+                         "): not an event from eventCreateShareable"));
+    }
+    return e->handle();
+  }
+  Event ipcOpenEvent(const std::string& handle) override {
+    auto e = std::make_shared<sim::SharedEvent>(tCurrentDevice, handle);
+    std::lock_guard<std::mutex> lk(mu_);
+    ipcEvents_[e.get()] = e;
+    return e.get();
+  }
+
+  void reduceMultiAsync(DataType type, ReduceOp op, void* dst, const void* const* srcs, int n,
+                        double divisor, size_t count, Stream sh) override {
+    auto s = stream("reduceMultiAsync", sh);
+    checkReduceMultiArgs("reduceMultiAsync", type, op, dst, srcs, n, divisor, count);
+    if (count == 0) return;
+    std::vector<const void*> sources(srcs, srcs + n);
+    s->enqueue(strCat("reduceMultiAsync(", toString(type), ", ", toString(op), ", ", n,
+                      " sources, count=", count, ")"),
+               [type, op, dst, sources, divisor, count] {
+                 hostReduceMulti(type, op, dst, sources.data(), static_cast<int>(sources.size()),
+                                 divisor, count);
+               });
+  }
 
   void reduceAsync(DataType type, ReduceOp op, void* dst, const void* src, size_t count,
                    Stream sh) override {
@@ -216,6 +297,12 @@ class SimDevice final : public DeviceApi {
                          " is not a stream of the simulated device (destroyed, or foreign)"));
     }
     return it->second;
+  }
+
+  std::shared_ptr<sim::SharedEvent> ipcEvent(Event handle) {
+    std::lock_guard<std::mutex> lk(mu_);
+    auto it = ipcEvents_.find(handle);
+    return it == ipcEvents_.end() ? nullptr : it->second;
   }
 
   std::shared_ptr<SimEvent> event(const char* call, Event handle) {
@@ -272,6 +359,9 @@ class SimDevice final : public DeviceApi {
   std::unordered_map<void*, std::shared_ptr<SimEvent>> events_;
   std::vector<std::shared_ptr<SimStream>> defaults_;  // per device, created at first use
   std::unordered_map<void*, int> allocs_;             // pointer -> device, -1 for host
+  std::unordered_map<void*, std::shared_ptr<sim::SharedRegion>> shared_;  // shareable, ours
+  std::unordered_map<void*, std::shared_ptr<sim::SharedRegion>> opened_;  // a peer's, mapped
+  std::unordered_map<void*, std::shared_ptr<sim::SharedEvent>> ipcEvents_;
   uint64_t streamIds_ = 0;
 };
 

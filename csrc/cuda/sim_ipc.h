@@ -1,0 +1,103 @@
+// CUDA IPC on the simulated device: memory and events that other processes
+// on the host can open (DeviceApi::ipc*, Note [Same-GPU collectives] in
+// cuda/same_gpu.h), so that ranks sharing a simulated GPU run braid's
+// same-GPU collectives across processes in CI.
+//
+// Note [Simulated IPC]
+// - Shareable memory is a memfd, mapped by its creator; its handle names the
+//   creator's pid and descriptor, and another process maps the same pages
+//   through /proc/<pid>/fd/<fd>. A memfd has no name: nothing is left in
+//   /dev/shm whatever happens to the processes, and the pages go when the
+//   last mapping does. A 64-byte header carries a random nonce that the
+//   handle repeats, so that a handle whose descriptor number was reused
+//   (its exporter freed it) is refused instead of opening the wrong memory.
+// - A shareable event is two counters in such memory: `latest`, the last
+//   generation recorded, and `done`, the last one the recording stream
+//   reached. Only the creator records it, on one stream at a time, so
+//   generations complete in order and two counters say everything (an
+//   in-process SimEvent keeps a set). A wait captures `latest` at the call,
+//   as cudaStreamWaitEvent does, and its task polls `done`.
+// - A waiter never hangs on a dead exporter: the polling task checks that the
+//   exporting process still lives, and that the waiter has not closed the
+//   event (what an abort does), and fails the stream, naming the event's
+//   exporter, when either is gone.
+#pragma once
+
+#include <sys/types.h>
+
+#include <atomic>
+#include <cstddef>
+#include <cstdint>
+#include <memory>
+#include <string>
+
+#include "cuda/sim_stream.h"
+
+namespace braid {
+namespace cuda {
+namespace sim {
+
+class SharedRegion {
+ public:
+  // `bytes` of zeroed shareable memory (a memfd), mapped here.
+  static std::shared_ptr<SharedRegion> create(size_t bytes, const char* call);
+  // Another (or this) process's region, from its handle(); throws braid::Error
+  // naming `call` when the exporter is gone or the handle is stale.
+  static std::shared_ptr<SharedRegion> open(const std::string& handle, const char* call);
+  ~SharedRegion();
+  SharedRegion(const SharedRegion&) = delete;
+  SharedRegion& operator=(const SharedRegion&) = delete;
+
+  void* data() const { return data_; }
+  size_t size() const { return bytes_; }
+  pid_t exporter() const { return pid_; }
+  std::string handle() const;
+
+ private:
+  SharedRegion() = default;
+  void* base_ = nullptr;  // the mapping: header, then data
+  void* data_ = nullptr;
+  size_t bytes_ = 0;
+  size_t mapped_ = 0;
+  int fd_ = -1;        // the creator's descriptor (-1 in an opener)
+  pid_t pid_ = 0;      // the creator
+  int exportFd_ = -1;  // the descriptor number in the creator
+  uint64_t nonce_ = 0;
+};
+
+class SharedEvent {
+ public:
+  // A new shareable event (its creator records it).
+  explicit SharedEvent(int device);
+  // Another process's event, from its handle().
+  SharedEvent(int device, const std::string& handle);
+  int device() const { return device_; }
+  bool owner() const { return owner_; }
+  std::string handle() const { return region_->handle(); }
+
+  // eventRecord on `s` (the creator only).
+  void record(const std::shared_ptr<SimStream>& s);
+  // streamWaitEvent: `s` waits for the latest record as of this call.
+  void waitOn(const std::shared_ptr<SimStream>& s);
+  bool query();
+  void synchronize();
+  // Waits in flight give up (an abort, or eventDestroy of an opened event).
+  void close() { closed_->store(true); }
+
+ private:
+  // Polls until `generation` is done; throws when the exporter died or the
+  // event was closed.
+  static void waitFor(const std::shared_ptr<SharedRegion>& region,
+                      const std::shared_ptr<std::atomic<bool>>& closed, uint64_t generation);
+  static std::atomic<uint64_t>* latestOf(const SharedRegion& r);
+  static std::atomic<uint64_t>* doneOf(const SharedRegion& r);
+
+  const int device_;
+  const bool owner_;
+  std::shared_ptr<SharedRegion> region_;
+  std::shared_ptr<std::atomic<bool>> closed_ = std::make_shared<std::atomic<bool>>(false);
+};
+
+}  // namespace sim
+}  // namespace cuda
+}  // namespace braid
