@@ -9,6 +9,7 @@
 #include "common/settings.h"
 #include "cuda/nccl_api.h"
 #include "cuda/nccl_executor.h"
+#include "cuda/same_gpu.h"
 
 namespace braid {
 
@@ -240,18 +241,22 @@ void CudaContext::choose() {
   std::vector<cuda::CudaRankInfo> infos;
   for (int r = 0; r < group_.size; ++r) infos.push_back(cuda::CudaRankInfo::decode(all[r], r));
   cuda::CudaExecutorChoice c = cuda::chooseCudaExecutor(infos, rank_);
-  if (c.kind == cuda::CudaExecutorKind::kNccl) {
+  if (c.kind != cuda::CudaExecutorKind::kStaged) {
+    // NCCL, or braid's same-GPU collectives behind the same seam (Note
+    // [Same-GPU collectives] in cuda/same_gpu.h).
+    cuda::NcclApi& api =
+        c.kind == cuda::CudaExecutorKind::kNccl ? *nccl : cuda::sameGpuCollectives(api_);
     cuda::NcclExecutor::Options o;
     o.rank = rank_;
     o.size = group_.size;
     o.storePrefix = "cuda/";
     o.timeout = group_.timeout;
-    nccl_ = std::make_unique<cuda::NcclExecutor>(*nccl, api_, *group_.store, o);
+    nccl_ = std::make_unique<cuda::NcclExecutor>(api, api_, *group_.store, o);
     ncclLive_.store(nccl_.get(), std::memory_order_release);
     if (aborted_.load()) nccl_->abort(strCat("braid: the group was aborted (rank ", rank_, ")"));
   }
   choice_ = strCat(cuda::toString(c.kind), ": ", c.reason,
-                   nccl || c.kind == cuda::CudaExecutorKind::kNccl ? "" : strCat(" (", noNccl, ")"));
+                   nccl || c.kind != cuda::CudaExecutorKind::kStaged ? "" : strCat(" (", noNccl, ")"));
   BRAID_LOG(kInfo, "cuda", rank_) << "CUDA ops on " << device_.str() << " run " << choice_;
 }
 

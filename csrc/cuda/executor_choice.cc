@@ -11,10 +11,13 @@ namespace {
 
 BRAID_SETTING_STRING(kCudaExecutor, "BRAID_CUDA_EXECUTOR", "auto",
                      "How a group runs CUDA tensors: auto (NCCL when every rank has its own GPU "
-                     "and the same NCCL, else staged through host memory), nccl (NCCL or an "
-                     "error saying why not) or staged. Equal on every rank.");
+                     "and the same NCCL; braid's same-GPU collectives when all ranks share one "
+                     "GPU; else staged through host memory), nccl (NCCL or an error saying why "
+                     "not), same-gpu (or an error) or staged. Equal on every rank.");
 
-bool validSetting(const std::string& s) { return s == "auto" || s == "nccl" || s == "staged"; }
+bool validSetting(const std::string& s) {
+  return s == "auto" || s == "nccl" || s == "staged" || s == "same-gpu";
+}
 
 std::string versionText(int v) {
   if (v == 0) return "none";
@@ -24,7 +27,15 @@ std::string versionText(int v) {
 }  // namespace
 
 const char* toString(CudaExecutorKind k) {
-  return k == CudaExecutorKind::kNccl ? "nccl" : "staged";
+  switch (k) {
+    case CudaExecutorKind::kNccl:
+      return "nccl";
+    case CudaExecutorKind::kSameGpu:
+      return "same-gpu";
+    case CudaExecutorKind::kStaged:
+      break;
+  }
+  return "staged";
 }
 
 std::string CudaRankInfo::encode() const { return strCat(setting, ";", ncclVersion, ";", uuid); }
@@ -47,7 +58,7 @@ CudaRankInfo CudaRankInfo::decode(const std::string& s, int rank) {
 std::string cudaExecutorSetting(int rank) {
   std::string v = kCudaExecutor.get();
   BRAID_ENFORCE(validSetting(v), "init", rank, "BRAID_CUDA_EXECUTOR='", v,
-                "' is not one of auto, nccl, staged");
+                "' is not one of auto, nccl, same-gpu, staged");
   return v;
 }
 
@@ -57,13 +68,26 @@ CudaExecutorChoice chooseCudaExecutor(const std::vector<CudaRankInfo>& ranks, in
   for (size_t r = 0; r < ranks.size(); ++r) {
     BRAID_ENFORCE(validSetting(ranks[r].setting), "init", rank, "rank ", r,
                   " runs with BRAID_CUDA_EXECUTOR='", ranks[r].setting,
-                  "', not one of auto, nccl, staged");
+                  "', not one of auto, nccl, same-gpu, staged");
     BRAID_ENFORCE(ranks[r].setting == setting, "init", rank,
                   "the ranks must agree on BRAID_CUDA_EXECUTOR: rank 0 runs with '", setting,
                   "', rank ", r, " with '", ranks[r].setting, "'");
   }
   if (setting == "staged") {
     return {CudaExecutorKind::kStaged, "BRAID_CUDA_EXECUTOR=staged"};
+  }
+  // Every rank on one GPU: braid's own collectives over CUDA IPC (Note
+  // [Same-GPU collectives] in same_gpu.h), where NCCL refuses and staging is
+  // bound by host memory.
+  bool oneGpu = ranks.size() > 1;
+  for (size_t r = 1; r < ranks.size() && oneGpu; ++r) oneGpu = ranks[r].uuid == ranks[0].uuid;
+  if (setting == "same-gpu" || (setting == "auto" && oneGpu)) {
+    BRAID_ENFORCE(oneGpu, "init", rank, "BRAID_CUDA_EXECUTOR=same-gpu, but the ranks do not all "
+                  "share one GPU (rank 0 has ", ranks[0].uuid, ranks.size() > 1 ? strCat(
+                  ", rank ", ranks.size() - 1, " ", ranks.back().uuid) : std::string(
+                  ", and it is alone"), "); use auto, nccl or staged");
+    return {CudaExecutorKind::kSameGpu,
+            strCat("all ", ranks.size(), " ranks share GPU ", ranks[0].uuid)};
   }
   // Why NCCL cannot run, or "".
   std::string why;

@@ -12,8 +12,11 @@
 //   list, so every rank gets the same one, or throws the same error.
 // - BRAID_CUDA_EXECUTOR=auto (the default): NCCL when every rank has its own
 //   GPU and all load the same NCCL; else staged, with the reason (which ranks
-//   share which GPU, which rank has no NCCL). =nccl: NCCL, and an Error when
-//   it cannot run (naming why) instead of a silent fallback. =staged: staged.
+//   share which GPU, which rank has no NCCL), except that a group whose ranks
+//   all share one GPU runs braid's same-GPU collectives (Note [Same-GPU
+//   collectives] in same_gpu.h). =nccl: NCCL, and an Error when it cannot run
+//   (naming why) instead of a silent fallback; =same-gpu likewise. =staged:
+//   staged.
 // - The setting shapes every CUDA op of the group (Note [Settings that shape
 //   an op] in collectives/shm/plan.h), so the ranks must agree: it travels in
 //   CudaRankInfo, and a difference fails the group's creation on every rank,
@@ -29,12 +32,12 @@
 namespace braid {
 namespace cuda {
 
-enum class CudaExecutorKind { kNccl, kStaged };
+enum class CudaExecutorKind { kNccl, kSameGpu, kStaged };
 const char* toString(CudaExecutorKind k);
 
 // What one rank contributes to the choice.
 struct CudaRankInfo {
-  std::string setting;  // BRAID_CUDA_EXECUTOR: "auto", "nccl" or "staged"
+  std::string setting;  // BRAID_CUDA_EXECUTOR: "auto", "nccl", "same-gpu" or "staged"
   int ncclVersion = 0;  // NcclApi::version() of ncclLibrary(); 0: none loads
   std::string uuid;     // DeviceApi::deviceUuid of the rank's device
 

@@ -22,6 +22,7 @@
 // between releases (new types and ops are only appended).
 #pragma once
 
+#include <chrono>
 #include <cstddef>
 #include <cstdint>
 #include <string>
@@ -136,6 +137,11 @@ class NcclApi {
   virtual NcclResult redOpCreatePreMulSum(NcclRedOp* op, const void* scalar, NcclDataType type,
                                           NcclComm comm) = 0;
   virtual NcclResult redOpDestroy(NcclRedOp op, NcclComm comm) = 0;
+
+  // braid's own collectives (Note [Same-GPU collectives] in same_gpu.h) wait
+  // on the host for their peers while they enqueue; this bounds that wait.
+  // NCCL never waits there: the default ignores it.
+  virtual void setTimeout(NcclComm, std::chrono::milliseconds) {}
 };
 
 // The real NCCL (Note [Loading NCCL]); throws braid::Error saying what could

@@ -201,6 +201,7 @@ DeviceComm ensureComm(NcclExecutorState& s, int device, const char* name) {
   NcclComm comm = nullptr;
   // Not under callMu: nobody else can reach a communicator not yet listed.
   NcclResult r = s.nccl.commInitRank(&comm, s.opt.size, id, rank, s.opt.blockingComm);
+  if (comm) s.nccl.setTimeout(comm, s.opt.timeout);
   bool late;  // the group failed while this one was being made
   {
     std::lock_guard<TimedLock> lock(s.callMu);
@@ -310,9 +311,15 @@ void enqueueOps(NcclExecutorState& s, const std::vector<NcclOp>& ops, const Devi
     }
   }
   if (result != kNcclSuccess && result != kNcclInProgress) {
+    std::string last;
+    {
+      std::lock_guard<TimedLock> lock(s.callMu);
+      if (NcclComm comm = s.comms[device].comm) last = s.nccl.lastError(comm);
+    }
     failAndThrow(s, failKindOf(result),
                  strCat(what, ": NCCL ", failedCall.empty() ? "group" : failedCall, " returned ",
-                        ncclResultName(result), " (", s.nccl.getErrorString(result), ")"));
+                        ncclResultName(result), " (", s.nccl.getErrorString(result), ")",
+                        last.empty() ? "" : ": ", last));
   }
 }
 

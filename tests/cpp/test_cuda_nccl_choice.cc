@@ -42,6 +42,20 @@ TEST(CudaExecutorChoice, DistinctGpusRunNccl) {
   EXPECT_EQ(chooseCudaExecutor({info("GPU-a")}, 0).kind, CudaExecutorKind::kNccl);
 }
 
+TEST(CudaExecutorChoice, OneSharedGpuRunsSameGpuCollectives) {
+  auto c = chooseCudaExecutor({info("GPU-a"), info("GPU-a"), info("GPU-a")}, 0);
+  EXPECT_EQ(c.kind, CudaExecutorKind::kSameGpu);
+  EXPECT_TRUE(contains(c.reason, "all 3 ranks share GPU GPU-a")) << c.reason;
+  EXPECT_EQ(chooseCudaExecutor({info("a", 0), info("a", 0)}, 0).kind, CudaExecutorKind::kSameGpu)
+      << "needs no NCCL";
+  EXPECT_EQ(chooseCudaExecutor({info("a", 22809, "staged"), info("a", 22809, "staged")}, 0).kind,
+            CudaExecutorKind::kStaged);
+  // same-gpu where the ranks do not share one GPU is an error, not a fallback.
+  std::string e = errorOf({info("a", 22809, "same-gpu"), info("b", 22809, "same-gpu")});
+  EXPECT_TRUE(contains(e, "BRAID_CUDA_EXECUTOR=same-gpu, but the ranks do not all share one GPU"))
+      << e;
+}
+
 TEST(CudaExecutorChoice, SharedGpuIsStaged) {
   auto c = chooseCudaExecutor({info("GPU-a"), info("GPU-b"), info("GPU-a")}, 0);
   EXPECT_EQ(c.kind, CudaExecutorKind::kStaged);
@@ -73,7 +87,7 @@ TEST(CudaExecutorChoice, RanksMustAgreeOnTheSetting) {
   std::string e = errorOf({info("a"), info("b", 22809, "staged")});
   EXPECT_TRUE(contains(e, "rank 0 runs with 'auto', rank 1 with 'staged'")) << e;
   e = errorOf({info("a", 22809, "fast")});
-  EXPECT_TRUE(contains(e, "'fast', not one of auto, nccl, staged")) << e;
+  EXPECT_TRUE(contains(e, "'fast', not one of auto, nccl, same-gpu, staged")) << e;
 }
 
 TEST(CudaExecutorChoice, InfoRoundTripsThroughTheStore) {
