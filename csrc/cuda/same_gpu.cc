@@ -12,6 +12,7 @@
 
 #include "common/error.h"
 #include "common/settings.h"
+#include "cuda/kernels.cuh"
 #include "cuda/same_gpu_comm.h"
 
 namespace braid {
@@ -172,8 +173,15 @@ class SameGpu final : public NcclApi {
       case kNcclFloat64:
         std::memcpy(&f, scalar, sizeof(f));
         break;
+      case kNcclFloat16:
+      case kNcclBfloat16: {
+        uint16_t bits;
+        std::memcpy(&bits, scalar, sizeof(bits));
+        f = type == kNcclFloat16 ? kernels::halfToFloat(bits) : kernels::bf16ToFloat(bits);
+        break;
+      }
       default:
-        return unsupported(comm, "PREMUL_SUM on a 16-bit type");
+        return unsupported(comm, "PREMUL_SUM on an integer type");
     }
     std::lock_guard<std::mutex> lock(mu_);
     *op = nextPremul_++;

@@ -1,0 +1,121 @@
+"""Ranks that share one GPU, across processes, on braid's simulated device.
+
+Every rank installs a simulated device with one GPU, so all ranks share it and the
+group runs braid's same-GPU collectives (Note [Same-GPU collectives] in
+csrc/cuda/same_gpu.h): each rank's device buffer and event are opened by every other
+process (memfds through /proc, Note [Simulated IPC]), the barriers order the ranks'
+streams through interprocess events, and the reductions read the peers' memory
+directly. Results are checked against the harness's closed forms, with the buffer made
+small so that ops run in several chunks. A rank that exits mid-op makes the others
+fail within the timeout, naming it, and nothing is left in /dev/shm.
+"""
+
+import os
+import time
+
+import pytest
+
+import harness as H
+
+pytestmark = [
+    pytest.mark.braid_only,
+    pytest.mark.skipif(__import__("torch").version.cuda is not None,
+                       reason="torch has CUDA: nothing to simulate"),
+]
+
+HALF = 4096  # BRAID_CUDA_SAME_GPU_BYTES / 2 in these groups: several chunks per op
+
+
+def _group(ctx):
+    """A new group whose CUDA ops run the same-GPU collectives (the setting is read
+    when the group's communicator is made)."""
+    import torch_braid._sim_cuda
+
+    torch_braid._sim_cuda.install(1)
+    os.environ["BRAID_CUDA_SAME_GPU_BYTES"] = str(2 * HALF)
+    group = ctx.dist.new_group(list(range(ctx.size)))
+    t = ctx.torch.zeros(1, device="cuda:0")
+    ctx.dist.all_reduce(t, group=group)
+    backend = group._get_backend(ctx.torch.device("cuda", 0)) if ctx.torch2 else group
+    return group, backend._cuda_executor()
+
+
+def _collectives(ctx, dtype_name, counts):
+    torch, dist = ctx.torch, ctx.dist
+    group, executor = _group(ctx)
+    ch = H.Checker(ctx)
+    ch.true("the group runs the same-GPU collectives", executor.startswith("same-gpu"), executor)
+    dtype = getattr(torch, dtype_name)
+    n, r = ctx.size, ctx.rank
+    cuda = torch.device("cuda", 0)
+    ops = ["SUM", "MAX", "MIN"] + (["AVG", "PREMUL_SUM"] if dtype.is_floating_point else [])
+    for count in counts:
+        for op in ops:
+            base = "SUM" if op in ("AVG", "PREMUL_SUM") else op
+            inputs = [H.make_input(q, count, dtype, base) for q in range(n)]
+            t = inputs[r].to(cuda)
+            dist.all_reduce(t, op=H.reduce_op(op), group=group)
+            ch.reduced(f"all_reduce {dtype_name} {op} count={count}", t.cpu(),
+                       H.closed_form(inputs, op, n), op)
+        for root in (0, n - 1):
+            t = H.pattern(r, 0, count, dtype).to(cuda)
+            dist.broadcast(t, src=root, group=group)
+            ch.equal(f"broadcast root={root} count={count}", t.cpu(), H.pattern(root, 0, count, dtype))
+        inputs = [H.make_input(q, count, dtype, "SUM", salt=3) for q in range(n)]
+        t = inputs[r].to(cuda)
+        dist.reduce(t, dst=n - 1, group=group)
+        if r == n - 1:
+            ch.equal(f"reduce count={count}", t.cpu(), H.closed_form(inputs, "SUM", n))
+        flat = torch.empty(n * count, dtype=dtype, device=cuda)
+        gather = getattr(dist, "all_gather_into_tensor", None) or dist._all_gather_base
+        scatter = getattr(dist, "reduce_scatter_tensor", None) or dist._reduce_scatter_base
+        gather(flat, H.pattern(r, 1, count, dtype).to(cuda), group=group)
+        ch.equal(f"all_gather_into_tensor count={count}", flat.cpu(),
+                 torch.cat([H.pattern(q, 1, count, dtype) for q in range(n)]))
+        full = [H.make_input(q, n * count, dtype, "SUM", salt=5) for q in range(n)]
+        out = torch.empty(count, dtype=dtype, device=cuda)
+        scatter(out, full[r].to(cuda), group=group)
+        ch.equal(f"reduce_scatter_tensor count={count}", out.cpu(),
+                 H.closed_form(full, "SUM", n)[r * count:(r + 1) * count])
+    dist.destroy_process_group(group)
+    return ch.report()
+
+
+@pytest.mark.parametrize("dtype", H.dtypes(fast=("float32", "bfloat16", "int64"),
+                                           slow=("float64", "float16", "int32", "uint8")))
+@pytest.mark.parametrize("world", [pytest.param((n, "cuda1"), id=f"n{n}") for n in (2, 3, 4)],
+                         indirect=True)
+def test_collectives(world, dtype):
+    H.check_reports(world.run(_collectives, dtype, (0, 1, 1023, 5 * HALF + 3)))
+
+
+def _die_or_allreduce(ctx):
+    torch, dist = ctx.torch, ctx.dist
+    group, _ = _group(ctx)
+    t = torch.ones(3 * HALF, device="cuda:0")
+    dist.all_reduce(t, group=group)  # every rank has opened every peer's memory
+    if ctx.rank == 1:
+        os._exit(1)
+    start = time.monotonic()
+    try:
+        dist.all_reduce(t, group=group)
+        t.cpu()
+        return "no error", time.monotonic() - start
+    except RuntimeError as e:
+        return str(e), time.monotonic() - start
+
+
+def test_a_rank_that_exits_mid_op_is_named_and_nothing_leaks():
+    world = H.World(2, pg_timeout=30.0, name="same-gpu-dead")
+    pid1 = world.pids[1]
+    try:
+        outcomes = world.run_outcomes(_die_or_allreduce, expect_exit=True, timeout=60)
+    finally:
+        world.close(timeout=30, graceful=True)
+    assert outcomes[1].exitcode == 1, outcomes[1].describe()
+    assert outcomes[0].ok, outcomes[0].describe()
+    message, took = outcomes[0].value
+    assert message != "no error", "an allreduce with a dead peer returned normally"
+    assert f"rank 1 (pid {pid1})" in message and "exited" in message, message
+    assert took < 10.0, f"the dead rank was noticed after {took:.1f} s (group timeout 30 s)"
+    assert not world.leaks, world.leaks
