@@ -696,14 +696,21 @@ def print_device_copies(d):
 # Issue 28's targets for CUDA tensors: (what, op, sizes or None for every point, other backend,
 # ranks: 1 or "shared", kind, threshold). "time": braid's time / other's at most threshold;
 # "speed": other's time / braid's at least threshold.
+# Issue 29's (one GPU shared by every rank, braid's same-GPU collectives): "busbw", braid's
+# allreduce bus bandwidth (2(n-1)/n bytes / time) at least threshold x the device-to-device copy
+# rate measured in the same run; "us", braid's time at most threshold microseconds (2 ranks).
 CUDA_TARGETS = [
     ("1 rank: braid within 5% of NCCL's time", None, None, "nccl", 1, "time", 1.05),
     ("ranks sharing a GPU: braid at least 3x gloo's CUDA allreduce", "allreduce",
      (4, 64 << 20), "gloo", "shared", "speed", 3.0),
+    ("one GPU: braid allreduce busbw at least 40% of the device copy rate", "allreduce",
+     (64 << 20, 256 << 20), None, "one-gpu", "busbw", 0.40),
+    ("one GPU, 2 ranks: braid 4 B allreduce at most 30 us", "allreduce", (4,), None, "one-gpu-2",
+     "us", 30.0),
 ]
 
 
-def cuda_targets(results, n, gpus):
+def cuda_targets(results, n, gpus, copies=None):
     """[{target, point, value, threshold, met}] for the points this run measured."""
     shared = n > gpus
     by = {}
@@ -712,6 +719,11 @@ def cuda_targets(results, n, gpus):
     checks = []
     for what, op, sizes, other, ranks, kind, thr in CUDA_TARGETS:
         if (ranks == 1) != (n == 1) or (ranks == "shared" and not shared):
+            continue
+        if str(ranks).startswith("one-gpu") and (gpus != 1 or (ranks == "one-gpu-2" and n != 2)):
+            continue
+        if other is None:
+            checks += absolute_checks(what, op, sizes, kind, thr, by, n, copies)
             continue
         for (o, dt, size), cells in sorted(by.items()):
             if (op and o != op) or (sizes and size not in sizes):
@@ -731,16 +743,45 @@ def cuda_targets(results, n, gpus):
     return checks
 
 
+def absolute_checks(what, op, sizes, kind, thr, by, n, copies):
+    """Targets on braid's own figures: busbw against the device copy rate, or a time."""
+    out = []
+    for (o, dt, size), cells in sorted(by.items()):
+        if o != op or size not in sizes:
+            continue
+        a = cells.get("braid")
+        point = f"{o} {dt if dt != '-' else ''} {bc.fmt_size(size)}B".replace("  ", " ")
+        if not a or a["status"] != "ok" or (kind == "busbw" and not copies):
+            why = (a or {}).get("na_short") or (a or {}).get("error") or "not measured"
+            out.append(dict(target=what, point=point, value=None, threshold=thr, met=None,
+                            why=str(why)[:120]))
+            continue
+        if kind == "busbw":
+            busbw = 2 * (n - 1) / n * size / (a["time_us"] * 1e-6) / 1e9
+            v = busbw / copies["d2d_GBps"]
+            met = v >= thr
+        else:
+            v = a["time_us"]
+            met = v <= thr
+        out.append(dict(target=what, point=point, value=v, threshold=thr, met=met, kind=kind,
+                        other=None))
+    return out
+
+
 def print_cuda_targets(checks, n):
-    print(f"\n# Targets (issue 28, CUDA tensors, n={n}):")
+    print(f"\n# Targets (issues 28 and 29, CUDA tensors, n={n}):")
     if not checks:
         print("  (none applies to this world size and layout)")
     for c in checks:
         if c["met"] is None:
             print(f"  {c['target']}: {c['point']}: n/a ({c['why']})")
             continue
-        rel, ratio = ("<=", f"braid/{c['other']} time") if c["kind"] == "time" else \
-            (">=", f"{c['other']}/braid time")
+        if c["kind"] in ("busbw", "us"):
+            rel, ratio = ((">=", "busbw / device copy rate") if c["kind"] == "busbw" else
+                          ("<=", "braid time (us)"))
+        else:
+            rel, ratio = ("<=", f"braid/{c['other']} time") if c["kind"] == "time" else \
+                (">=", f"{c['other']}/braid time")
         print(f"  {c['target']}: {c['point']}: {ratio} {c['value']:.2f} (target {rel} "
               f"{c['threshold']}): {'met' if c['met'] else 'NOT met'}")
 
@@ -925,7 +966,8 @@ def worker(args):
                     print_device_copies(runs[-1]["device_copies"])
             if args.device == "cuda":
                 runs[-1]["targets"] = cuda_targets(runs[-1]["results"], info.world_size,
-                                                   torch.cuda.device_count())
+                                                   torch.cuda.device_count(),
+                                                   runs[-1].get("device_copies"))
                 if info.rank == 0:
                     print_cuda_targets(runs[-1]["targets"], info.world_size)
         progress.clear()

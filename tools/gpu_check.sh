@@ -28,13 +28,14 @@
 #     py-NAME    tests/python/test_cuda*sim*.py (the simulated device)
 #   cpp-NAME   each test_cuda_* binary, on the device (BRAID_EXPECT_GPU=1: a test that finds no
 #              CUDA runtime or GPU fails instead of skipping)
-#   smoke-wN   tools/gpu_smoke.py: worlds of 1, 2 and 4 ranks on CUDA tensors (closed forms,
-#              stream order, async, DDP against gloo's CUDA run)
+#   smoke-wN   tools/gpu_smoke.py: worlds of 1, 2, 4 and 8 ranks on CUDA tensors (closed forms,
+#              stream order, async, DDP against gloo's CUDA run); with one GPU, 2 to 8 ranks
+#              share it and run braid's same-GPU collectives
 #   py-NAME    each other tests/python/test_cuda*.py (BRAID_TEST_REAL_CUDA=1, BRAID_EXPECT_GPU=1)
 #   memcheck-*, racecheck-*   compute-sanitizer over the test binaries that drive the device
 #              (test_cuda*{kernel,runtime,real}*; racecheck: the kernel ones), in the background
 #              one after another, beside the smoke worlds
-#   bench-*    benchmarks/collectives.py --device cuda --quick at 1, 2, 4 ranks, then
+#   bench-*    benchmarks/collectives.py --device cuda --quick at 2, 4, 8, 1 ranks, then
 #              benchmarks/ddp.py --device cuda --quick (4 ranks), after the background steps
 #   examples   examples/*.py on braid with CUDA, where they take a device option
 # No-GPU mode: env, syntax of these scripts, import, the test globs (pytest --collect-only of
@@ -112,8 +113,9 @@ GPU mode (limits in seconds; the whole run keeps to BRAID_GPU_BUDGET_S):
   background, CPU only: py-errors 150, py-fast 120, py-test_cuda*sim* 150 each
   foreground: cpp-test_cuda* 90 each; then in the background, one after another,
               memcheck-* and racecheck-* 120 each; in the foreground smoke-w1 90,
-              smoke-w2 90, smoke-w4 100, py-test_cuda* (not sim) 120 each
-  after the background steps: bench-coll-w2 75, bench-coll-w4 90, bench-coll-w1 60,
+              smoke-w2 90, smoke-w4 100, smoke-w8 100, py-test_cuda* (not sim) 120 each
+  after the background steps: bench-coll-w2 75, bench-coll-w4 90, bench-coll-w8 90,
+              bench-coll-w1 60,
               bench-ddp 90, examples 60
 no-GPU mode: env 30, syntax 30, build (skipped: needs the in-place module), import 30,
   globs 40, smoke-dry 30, smoke-cpu 60, bench-nocuda 40; every GPU step is skipped
@@ -700,9 +702,12 @@ if [[ $MODE == gpu ]]; then
     IDX=$((IDX + ${#san[@]}))
   fi
   if ((module)); then
-    for w in 1 2 4; do lim=$((w == 4 ? 100 : 90)); step "smoke-w$w" $lim s_smoke $w $lim; done
+    # With one GPU, 2, 4 and 8 ranks share it: braid's same-GPU collectives (issue 29).
+    for w in 1 2 4 8; do lim=$((w >= 4 ? 100 : 90)); step "smoke-w$w" $lim s_smoke $w $lim; done
   else
-    for s in smoke-w1 smoke-w2 smoke-w4; do skip $s "torch_braid was not built or does not import"; done
+    for s in smoke-w1 smoke-w2 smoke-w4 smoke-w8; do
+      skip $s "torch_braid was not built or does not import"
+    done
   fi
   if ((${#pyc[@]} + ${#pysim[@]} == 0)); then skip py-cuda "no tests/python/test_cuda*.py"
   elif ((module)); then
@@ -712,6 +717,7 @@ if [[ $MODE == gpu ]]; then
   if ((module)); then
     step bench-coll-w2 75 s_bench_coll 2
     step bench-coll-w4 90 s_bench_coll 4
+    step bench-coll-w8 90 s_bench_coll 8
     step bench-coll-w1 60 s_bench_coll 1
     step bench-ddp 90 s_bench_ddp
   else
@@ -738,7 +744,7 @@ else
     skip smoke-cpu "torch_braid is not built"
   fi
   step bench-nocuda 40 s_bench_nocuda
-  for s in gtest cpp-test_cuda* py-errors py-fast smoke-w1,2,4 py-test_cuda* bench-coll \
+  for s in gtest cpp-test_cuda* py-errors py-fast smoke-w1,2,4,8 py-test_cuda* bench-coll \
       bench-ddp memcheck racecheck examples; do
     skip "$s" "no CUDA device (nvidia-smi lists no GPU)"
   done

@@ -8,8 +8,8 @@ few DDP steps on CUDA compared with gloo's CUDA run, in worlds of 1, 2 and 4 ran
     python tools/gpu_smoke.py --dry-run            # print the plan, spawn nothing
 
 Run by tools/gpu_check.sh on the GPU machine. With one GPU, world 1 is braid's NCCL executor
-and worlds 2 and 4 put several ranks on the one GPU (braid's staged executor, which NCCL
-refuses). Exit codes: 0 every check passed; 1 a check failed or a rank crashed or hung;
+and worlds 2, 4 and 8 put every rank on the one GPU (braid's same-GPU collectives over CUDA
+IPC, a layout NCCL refuses). Exit codes: 0 every check passed; 1 a check failed or a rank crashed or hung;
 77 skipped (--device cuda and no CUDA device: the reason is printed); 2 bad arguments.
 
 What is checked, per world (each rank r on its device, inputs x_r[i] = r + 1 + i % 5):
@@ -385,6 +385,14 @@ def rank_main(rank, args, n, store_dir):
             elif op == "ddp" and args.ddp_steps > 0:
                 check_ddp(ctx, args.ddp_steps)
         current = "gathering the results"
+        executor = ""
+        if ctx.dev.type == "cuda" and args.backend.endswith("braid"):
+            try:  # which executor served the CUDA ops (nccl, same-gpu or staged, and why)
+                pg = dist.distributed_c10d._get_default_group()
+                be = pg._get_backend(ctx.dev) if hasattr(pg, "_get_backend") else pg
+                executor = be._cuda_executor()
+            except Exception as e:  # noqa: BLE001 - informational only
+                executor = f"unknown ({type(e).__name__}: {e})"
         counts = gather_cpu(ctx, [ctx.checks.passed, len(ctx.checks.failed)])
         failures = [None] * n
         dist.all_gather_object(failures, ctx.checks.failed, group=ctx.ref)
@@ -394,6 +402,7 @@ def rank_main(rank, args, n, store_dir):
                       "failed": int(sum(c[1] for c in counts)),
                       "failures": [f for fs in failures for f in fs][:50],
                       "ddp_max_diff": ctx.ddp_diff, "seconds": time.time() - t0,
+                      "executor": executor,
                       "devices": [str(ctx.dev)] if args.device == "cpu" else
                       [f"cuda:{q % torch.cuda.device_count()}" for q in range(n)]}
             with open(os.path.join(store_dir, "result.json"), "w") as f:
@@ -484,7 +493,8 @@ def describe(args, n, ngpu):
     for q in range(n):
         per_gpu[q % ngpu] = per_gpu.get(q % ngpu, 0) + 1
     shared = max(per_gpu.values()) > 1
-    how = ("ranks share a GPU: braid's staged executor; NCCL refuses this layout" if shared
+    how = ("ranks share a GPU: braid's same-GPU collectives (or staged where only some share); "
+           "NCCL refuses this layout" if shared
            else "one rank per GPU: braid's NCCL executor")
     return f"world {n} on cuda, {n} rank(s) on {len(per_gpu)} GPU(s) ({how})"
 
@@ -530,6 +540,8 @@ def main(argv=None):
         print(f"gpu_smoke: {'PASS' if ok else 'FAIL'} {describe(args, n, ngpu)}: "
               f"{res['passed']} checks passed, {res['failed']} failed{ddp} "
               f"({res['wall_seconds']:.1f} s)", flush=True)
+        if res.get("executor"):
+            print(f"gpu_smoke:   braid's CUDA executor: {res['executor']}", flush=True)
         for msg in res["failures"][:20]:
             print(f"gpu_smoke:   {msg}", flush=True)
     if args.json:
