@@ -244,6 +244,12 @@ BRAID_HD inline void reduceMultiRange(typename C::Mem* dst, const ReduceSources&
                                       double divisor, size_t begin, size_t end, size_t stride) {
   using M = typename C::Mem;
   using A = typename C::Acc;
+  // One source is a copy, bit for bit (a signalling NaN stays one), as in
+  // reduce::reduceN; bool still normalizes to 0/1.
+  if (n == 1 && divisor == 1.0 && !std::is_same<C, Bool>::value) {
+    for (size_t i = begin; i < end; i += stride) dst[i] = static_cast<const M*>(srcs.p[0])[i];
+    return;
+  }
   for (size_t i = begin; i < end; i += stride) {
     A a = C::widen(static_cast<const M*>(srcs.p[0])[i]);
     for (int k = 1; k < n; ++k) a = Op::apply(a, C::widen(static_cast<const M*>(srcs.p[k])[i]));

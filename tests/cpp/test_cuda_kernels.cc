@@ -142,6 +142,45 @@ TEST(CudaKernels, ReduceMatchesReduceNBitForBit) {
   }
 }
 
+// The multi-source kernel (Note [Multi-source reduce]) gives the CPU path's
+// bits for 1 to 5 sources: ranks sharing a GPU get what the staged path gives.
+TEST(CudaKernels, ReduceMultiMatchesReduceNBitForBit) {
+  for (DataType t : kAllTypes) {
+    for (ReduceOp op : kOps) {
+      if (!reduce::supported(t, op)) {
+        EXPECT_EQ(reduceMultiKernelName(t, op), nullptr);
+        continue;
+      }
+      for (size_t n : {size_t(0), size_t(1), size_t(7), size_t(1001)}) {
+        for (int nsrc = 1; nsrc <= 5; ++nsrc) {
+          std::vector<std::vector<uint8_t>> in;
+          std::vector<const void*> srcs;
+          for (int k = 0; k < nsrc; ++k) {
+            in.push_back(randomBytes(t, n, n * 41 + k * 7 + static_cast<int>(op)));
+          }
+          for (auto& v : in) srcs.push_back(v.data());
+          std::vector<uint8_t> want(std::max<size_t>(1, n * elementSize(t)));
+          std::vector<uint8_t> got(want.size());
+          reduce::reduceN(t, op, want.data(), srcs.data(), srcs.size(), n);
+          hostReduceMulti(t, op, got.data(), srcs.data(), nsrc, 1.0, n);
+          ASSERT_EQ(std::memcmp(want.data(), got.data(), n * elementSize(t)), 0)
+              << label(t, op, n) << ", " << nsrc << " sources";
+          // In place: the destination is one of the sources.
+          got = in[0];
+          srcs[0] = got.data();
+          hostReduceMulti(t, op, got.data(), srcs.data(), nsrc, 1.0, n);
+          ASSERT_EQ(std::memcmp(want.data(), got.data(), n * elementSize(t)), 0)
+              << "in place " << label(t, op, n) << ", " << nsrc << " sources";
+        }
+      }
+    }
+  }
+  const void* none[1] = {nullptr};
+  float x = 0;
+  EXPECT_THROW(hostReduceMulti(DataType::kFloat32, ReduceOp::kSum, &x, none, 0, 1.0, 1), Error);
+  EXPECT_THROW(hostReduceMulti(DataType::kInt32, ReduceOp::kSum, &x, none, 1, 2.0, 1), Error);
+}
+
 // Closed forms on small integers, exact in every type: a = i % 11, b = 3 + i % 5.
 double closedForm(ReduceOp op, int64_t a, int64_t b, bool isBool) {
   if (isBool) {
