@@ -28,15 +28,16 @@ SIM_DEVICES = 2
 STEPS = 4
 
 
-def _devices(ctx):
-    """How many CUDA devices the ranks share: the GPUs, else the simulated ones."""
+def _devices(ctx, gpus):
+    """How many CUDA devices the ranks share: the GPUs, else `gpus` simulated ones (1: every
+    rank on one GPU, braid's same-GPU collectives; 2: rank r on r % 2, staged or mixed)."""
     torch = ctx.torch
     if torch.version.cuda and torch.cuda.is_available():
         return torch.cuda.device_count(), True
     import torch_braid._sim_cuda
 
-    torch_braid._sim_cuda.install(SIM_DEVICES)
-    return SIM_DEVICES, False
+    torch_braid._sim_cuda.install(gpus)
+    return gpus, False
 
 
 def _model(torch, seed):
@@ -79,9 +80,9 @@ def _braid_ddp(model, device, **kwargs):
     return DDP(model, bucket_cap_mb=0.01, first_bucket_mb=0.005, **kwargs)
 
 
-def _same_as_cpu(ctx, which, kwargs):
+def _same_as_cpu(ctx, which, kwargs, gpus):
     torch = ctx.torch
-    devices, real = _devices(ctx)
+    devices, real = _devices(ctx, gpus)
     ch = H.Checker(ctx)
     wrap = {"torch": _torch_ddp, "braid": _braid_ddp}[which]
     cuda = torch.device("cuda", ctx.rank % devices)
@@ -99,6 +100,12 @@ def _same_as_cpu(ctx, which, kwargs):
                     f"max |diff| {(b - a).abs().max().item():.3g}")
         else:
             ch.equal(what, b, a)
+    if gpus == 1 and not real and ctx.size > 1:
+        group = ctx.dist.distributed_c10d._get_default_group()
+        backend = group._get_backend(cuda) if ctx.torch2 else group
+        executor = backend._cuda_executor()
+        ch.true("the buckets went through the same-GPU collectives",
+                executor.startswith("same-gpu"), executor)
     # Every rank ends with rank 0's replica.
     gathered = [torch.zeros_like(on_cuda[0]) for _ in range(ctx.size)]
     ctx.dist.all_gather(gathered, on_cuda[0])
@@ -113,4 +120,12 @@ def _same_as_cpu(ctx, which, kwargs):
 @pytest.mark.parametrize("world", [pytest.param((n, "cuda"), id=f"n{n}") for n in (1, 2, 3)],
                          indirect=True)
 def test_ddp_on_cuda_matches_cpu(world, which, kwargs):
-    H.check_reports(world.run(_same_as_cpu, which, kwargs))
+    H.check_reports(world.run(_same_as_cpu, which, kwargs, SIM_DEVICES))
+
+
+# Every rank on one GPU: the buckets go through braid's same-GPU collectives (CUDA IPC).
+@pytest.mark.parametrize("which", ["torch", "braid"])
+@pytest.mark.parametrize("world", [pytest.param((n, "cuda1"), id=f"n{n}") for n in (2, 4)],
+                         indirect=True)
+def test_ddp_with_every_rank_on_one_gpu_matches_cpu(world, which):
+    H.check_reports(world.run(_same_as_cpu, which, {}, 1))
