@@ -82,6 +82,11 @@ TARGETS = [
      "bytes", 0.5),
     ("PowerSGD hook vs no hook on braid (bytes, at most 1/10)", "ddp/braid+powersgd",
      "ddp/braid", "bytes", 0.1),
+    # issue 31: the step as a multiple of the same step without communication ("time": at most)
+    ("PyTorch DDP on braid, step over the no-communication step", "ddp/braid", "local/none",
+     "time", 1.45),
+    ("torch_braid.ddp, step over the no-communication step", "reducer/braid", "local/none",
+     "time", 1.25),
 ]
 
 
@@ -117,8 +122,15 @@ def make_model(name, args):
 # ---- rows ----------------------------------------------------------------------------------------
 class Row:
     def __init__(self, kind, backend, hook=None):
-        self.kind, self.backend, self.hook = kind, backend, hook  # kind: ddp | reducer
+        # kind: ddp | reducer | local (the same model and step without DDP: the ceiling)
+        self.kind, self.backend, self.hook = kind, backend, hook
         self.label = f"{kind}/{backend.label}" + (f"+{hook}" if hook else "")
+
+
+class _NoBackend:
+    """The local row's stand-in: no group, no communication."""
+    name = label = "none"
+    group = None
 
 
 def make_state(hook, group, args):
@@ -153,7 +165,9 @@ def run_row(row, model_name, bucket_mb, args, reducer_cls):
         dev = torch.device("cuda", torch.cuda.current_device())
         module, x, y = module.to(dev), x.to(dev), y.to(dev)
         kw["device_ids"] = [dev.index]
-    if row.kind == "ddp":
+    if row.kind == "local":
+        net = module
+    elif row.kind == "ddp":
         net = torch.nn.parallel.DistributedDataParallel(module, process_group=group,
                                                         bucket_cap_mb=bucket_mb, **kw)
     else:
@@ -184,7 +198,9 @@ def run_row(row, model_name, bucket_mb, args, reducer_cls):
     sync()
     elapsed = max(bc.gather_floats(time.perf_counter() - t0))
     n = dist.get_world_size(group)
-    if counter is not None:
+    if row.kind == "local":
+        wire = 0.0
+    elif counter is not None:
         wire = counter.wire_bytes / args.steps
     elif row.hook is None or row.hook == "torch_allreduce":
         param_bytes = sum(p.numel() * p.element_size() for p in module.parameters())
@@ -203,7 +219,8 @@ def run_row(row, model_name, bucket_mb, args, reducer_cls):
 
 
 def rows_for(backends, args, reducer_cls):
-    rows = [Row("ddp", b) for b in backends]
+    # The ceiling (issue 31): every rank trains the same model and batch without DDP, at once.
+    rows = [Row("local", _NoBackend())] + [Row("ddp", b) for b in backends]
     hook_backends = [b for b in backends if b.name == args.hook_backend] or backends[:1]
     for b in hook_backends:
         for h in args.hooks:
@@ -309,6 +326,8 @@ def report(parts, args):
                               if base and base["wire_bytes_per_step"]
                               and r["wire_bytes_per_step"] is not None else None)
         r["scaling_eff"] = r["steps_per_s"] / one["steps_per_s"] if one and r["ranks"] > 1 else None
+        local = by.get(key + ("local/none",))
+        r["x_local"] = local["steps_per_s"] / r["steps_per_s"] if local else None
 
     def f(v, fmt):
         return "-" if v is None else format(v, fmt)
@@ -317,12 +336,15 @@ def report(parts, args):
              f(r["steps_per_s"], ".2f"), f(1e3 / r["steps_per_s"], ".1f"),
              f(None if r["wire_bytes_per_step"] is None else r["wire_bytes_per_step"] / 1e6,
                ".2f"), f(r["vs_gloo_ddp"], ".2f"),
-             f(r["vs_base"], ".2f"), f(r["bytes_vs_base"], ".3f"), f(r["scaling_eff"], ".2f")]
+             f(r["vs_base"], ".2f"), f(r["bytes_vs_base"], ".3f"), f(r["scaling_eff"], ".2f"),
+             f(r["x_local"], ".2f")]
             for r in res]
     head = [("", ["model", "MB", "ranks", "row"]),
             ("speed", ["steps/s", "ms/step"]), ("", ["wire MB/step"]),
-            ("ratios", ["x gloo DDP", "x base", "bytes x base", "eff"])]
-    notes = ["base: the same backend's ddp row for a hook, ddp/braid for the reducer",
+            ("ratios", ["x gloo DDP", "x base", "bytes x base", "eff", "step x local"])]
+    notes = ["local/none: the same model and step without DDP, every rank at once (the ceiling)",
+             "step x local: this row's step time over local/none's (1.0: communication is free)",
+             "base: the same backend's ddp row for a hook, ddp/braid for the reducer",
              "eff: steps/s over the 1-rank steps/s of the same row (weak scaling, ideal 1.0)"]
     missing = next((p["reducer_missing"] for p in parts if p["reducer_missing"]), "")
     if missing.startswith("--device"):
@@ -347,6 +369,9 @@ def report(parts, args):
         if kind == "speed":
             v = r["steps_per_s"] / b["steps_per_s"]
             met = v >= threshold
+        elif kind == "time":  # r's step time over b's, at most
+            v = b["steps_per_s"] / r["steps_per_s"]
+            met = v <= threshold
         else:
             v = r["wire_bytes_per_step"] / b["wire_bytes_per_step"]
             met = v <= threshold
