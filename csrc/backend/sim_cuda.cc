@@ -178,7 +178,18 @@ at::Tensor empty(at::IntArrayRef sizes, at::ScalarType dtype, int device,
   // target_device: torch must not ask a CUDA runtime where the pointer lives.
   auto maker = at::for_blob(p, sizes);
   if (!strides.empty()) maker.strides(strides);
-  return maker.deleter([&api](void* q) { api.deviceFree(q); })
+  // Freed in the order of the stream current at allocation, as the caching
+  // allocator reuses a block only after the work queued on its stream: a
+  // write still queued there (sim::write) must not land in freed memory.
+  cuda::Stream stream = currentStream(device);
+  return maker
+      .deleter([&api, stream](void* q) {
+        try {
+          api.launchHostFunc(stream, [&api, q] { api.deviceFree(q); });
+        } catch (const std::exception&) {
+          api.deviceFree(q);  // the stream is gone: nothing is queued on it
+        }
+      })
       .options(at::TensorOptions().dtype(dtype).device(dev))
       .target_device(dev)
       .make_tensor();
