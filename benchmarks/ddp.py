@@ -87,6 +87,8 @@ TARGETS = [
      "time", 1.45),
     ("torch_braid.ddp, step over the no-communication step", "reducer/braid", "local/none",
      "time", 1.25),
+    ("PyTorch DDP on braid with bucket views (--bucket-view), step over the no-communication "
+     "step", "ddp/braid~view", "local/none", "time", 1.3),
 ]
 
 
@@ -121,10 +123,12 @@ def make_model(name, args):
 
 # ---- rows ----------------------------------------------------------------------------------------
 class Row:
-    def __init__(self, kind, backend, hook=None):
-        # kind: ddp | reducer | local (the same model and step without DDP: the ceiling)
-        self.kind, self.backend, self.hook = kind, backend, hook
-        self.label = f"{kind}/{backend.label}" + (f"+{hook}" if hook else "")
+    def __init__(self, kind, backend, hook=None, view=False):
+        # kind: ddp | reducer | local (the same model and step without DDP: the ceiling);
+        # view: gradient_as_bucket_view=True
+        self.kind, self.backend, self.hook, self.view = kind, backend, hook, view
+        self.label = (f"{kind}/{backend.label}" + (f"+{hook}" if hook else "") +
+                      ("~view" if view else ""))
 
 
 class _NoBackend:
@@ -168,10 +172,12 @@ def run_row(row, model_name, bucket_mb, args, reducer_cls):
     if row.kind == "local":
         net = module
     elif row.kind == "ddp":
-        net = torch.nn.parallel.DistributedDataParallel(module, process_group=group,
-                                                        bucket_cap_mb=bucket_mb, **kw)
+        net = torch.nn.parallel.DistributedDataParallel(
+            module, process_group=group, bucket_cap_mb=bucket_mb,
+            gradient_as_bucket_view=row.view, **kw)
     else:
-        net = reducer_cls(module, process_group=group, bucket_cap_mb=bucket_mb)
+        net = reducer_cls(module, process_group=group, bucket_cap_mb=bucket_mb,
+                          gradient_as_bucket_view=row.view)
     state = counter = None
     if row.hook:
         state, fn = make_state(row.hook, group, args)
@@ -232,8 +238,12 @@ def rows_for(backends, args, reducer_cls):
                 continue
             rows.append(Row("ddp", b, h))
     braid = next((b for b in backends if b.name == "braid"), None)
+    if braid is not None and args.bucket_view:
+        rows.append(Row("ddp", braid, view=True))
     if reducer_cls is not None and braid is not None:
         rows.append(Row("reducer", braid))
+        if args.bucket_view:
+            rows.append(Row("reducer", braid, view=True))
         rows += [Row("reducer", braid, h) for h in args.reducer_hooks]
     return rows
 
@@ -317,7 +327,9 @@ def report(parts, args):
     for r in res:
         key = (r["model"], r["bucket_mb"], r["ranks"])
         gloo = by.get(key + ("ddp/gloo",))
-        base_row = ("ddp/braid" if r["kind"] == "reducer" else f"ddp/{r['backend']}")
+        base_row = ("ddp/braid" if r["kind"] == "reducer" and not r["row"].endswith("~view")
+                    else r["row"].replace("~view", "") if r["row"].endswith("~view")
+                    else f"ddp/{r['backend']}")
         base = by.get(key + (base_row,)) if r["row"] != base_row else None
         one = by.get((r["model"], r["bucket_mb"], 1, r["row"]))
         r["vs_gloo_ddp"] = r["steps_per_s"] / gloo["steps_per_s"] if gloo else None
@@ -412,6 +424,9 @@ def parse_args(argv=None):
                    help="backend the hook rows use (the first backend if it is absent)")
     p.add_argument("--reducer-hooks", default=None,
                    help="hooks also timed on braid's reducer ('' for none; default bf16)")
+    p.add_argument("--bucket-view", action="store_true",
+                   help="also time ddp/braid and reducer/braid with gradient_as_bucket_view=True "
+                        "(rows ddp/braid~view, reducer/braid~view)")
     p.add_argument("--powersgd-rank", type=int, default=4)
     p.add_argument("--steps", type=int, default=10)
     p.add_argument("--warmup", type=int, default=3)
