@@ -186,10 +186,20 @@ def run_row(row, model_name, bucket_mb, args, reducer_cls):
     opt = torch.optim.SGD(module.parameters(), lr=1e-4)
     loss_fn = torch.nn.functional.mse_loss
 
-    def step():
+    phases = {"fwd": 0.0, "bwd": 0.0, "opt": 0.0}
+
+    def step(timed=False):
+        t0 = time.perf_counter()
         opt.zero_grad(set_to_none=True)
-        loss_fn(net(x), y).backward()
+        loss = loss_fn(net(x), y)
+        t1 = time.perf_counter()
+        loss.backward()  # DDP's backward returns once every bucket's allreduce has
+        t2 = time.perf_counter()
         opt.step()
+        if timed:
+            phases["fwd"] += t1 - t0
+            phases["bwd"] += t2 - t1
+            phases["opt"] += time.perf_counter() - t2
 
     sync = torch.cuda.synchronize if args.device == "cuda" else (lambda: None)
     for _ in range(args.warmup):
@@ -200,9 +210,11 @@ def run_row(row, model_name, bucket_mb, args, reducer_cls):
     bc.control_barrier()
     t0 = time.perf_counter()
     for _ in range(args.steps):
-        step()
+        step(timed=args.device == "cpu")  # on CUDA the phases would need a sync each
     sync()
     elapsed = max(bc.gather_floats(time.perf_counter() - t0))
+    phase_ms = ({k: 1e3 * v / args.steps for k, v in phases.items()}
+                if args.device == "cpu" else None)
     n = dist.get_world_size(group)
     if row.kind == "local":
         wire = 0.0
@@ -221,7 +233,7 @@ def run_row(row, model_name, bucket_mb, args, reducer_cls):
     sums = bc.gather_floats(checksum)
     del net, module, opt, state, counter
     gc.collect()
-    return args.steps / elapsed, wire, all(s == sums[0] for s in sums)
+    return args.steps / elapsed, wire, all(s == sums[0] for s in sums), phase_ms
 
 
 def rows_for(backends, args, reducer_cls):
@@ -283,15 +295,18 @@ def worker(args):
     progress = bc.Progress(total, enabled=info.rank == 0 and not args.quiet)
     for model_name in args.models:
         for bucket_mb in args.bucket_mb:
-            per_row = {r.label: {"sps": [], "wire": []} for r in rows}
+            per_row = {r.label: {"sps": [], "wire": [], "phases": []} for r in rows}
             for rnd in range(args.rounds):
                 for row in (rows if rnd % 2 == 0 else rows[::-1]):
-                    sps, wire, same = run_row(row, model_name, bucket_mb, args, reducer_cls)
+                    sps, wire, same, phase_ms = run_row(row, model_name, bucket_mb, args,
+                                                        reducer_cls)
                     if not same:
                         raise SystemExit(f"bench: replicas diverged in {row.label} ({model_name},"
                                          f" bucket {bucket_mb} MB)")
                     per_row[row.label]["sps"].append(sps)
                     per_row[row.label]["wire"].append(wire)
+                    if phase_ms:
+                        per_row[row.label]["phases"].append(phase_ms)
                     progress.update(f"{model_name} {bucket_mb}MB {row.label}")
             for r in rows:
                 d = per_row[r.label]
@@ -300,6 +315,10 @@ def worker(args):
                                 "backend": r.backend.name, "hook": r.hook,
                                 "steps_per_s": statistics.median(d["sps"]),
                                 "rounds_steps_per_s": d["sps"],
+                                # rank 0's per-step phases, median over rounds (CPU only)
+                                "phase_ms": ({k: statistics.median(p[k] for p in d["phases"])
+                                              for k in ("fwd", "bwd", "opt")}
+                                             if d["phases"] else None),
                                 "wire_bytes_per_step": (statistics.median(d["wire"])
                                                         if None not in d["wire"] else None)})
     progress.clear()
@@ -349,12 +368,17 @@ def report(parts, args):
              f(None if r["wire_bytes_per_step"] is None else r["wire_bytes_per_step"] / 1e6,
                ".2f"), f(r["vs_gloo_ddp"], ".2f"),
              f(r["vs_base"], ".2f"), f(r["bytes_vs_base"], ".3f"), f(r["scaling_eff"], ".2f"),
-             f(r["x_local"], ".2f")]
+             f(r["x_local"], ".2f")] +
+            [f((r.get("phase_ms") or {}).get(k), ".1f") for k in ("fwd", "bwd", "opt")]
             for r in res]
     head = [("", ["model", "MB", "ranks", "row"]),
             ("speed", ["steps/s", "ms/step"]), ("", ["wire MB/step"]),
-            ("ratios", ["x gloo DDP", "x base", "bytes x base", "eff", "step x local"])]
+            ("ratios", ["x gloo DDP", "x base", "bytes x base", "eff", "step x local"]),
+            ("rank 0 ms/step", ["fwd", "bwd", "opt"])]
     notes = ["local/none: the same model and step without DDP, every rank at once (the ceiling)",
+             "fwd: zero_grad, forward and loss; bwd: backward, which for DDP includes the copies "
+             "into buckets, the hooks and waiting for the last allreduce; opt: the SGD step "
+             "(CPU only)",
              "step x local: this row's step time over local/none's (1.0: communication is free)",
              "base: the same backend's ddp row for a hook, ddp/braid for the reducer",
              "eff: steps/s over the 1-rank steps/s of the same row (weak scaling, ideal 1.0)"]
