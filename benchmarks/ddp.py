@@ -190,7 +190,7 @@ def run_row(row, model_name, bucket_mb, args, reducer_cls):
 
     def step(timed=False):
         t0 = time.perf_counter()
-        opt.zero_grad(set_to_none=True)
+        opt.zero_grad(set_to_none=args.zero_grad == "none")
         loss = loss_fn(net(x), y)
         t1 = time.perf_counter()
         loss.backward()  # DDP's backward returns once every bucket's allreduce has
@@ -448,6 +448,11 @@ def parse_args(argv=None):
                    help="backend the hook rows use (the first backend if it is absent)")
     p.add_argument("--reducer-hooks", default=None,
                    help="hooks also timed on braid's reducer ('' for none; default bf16)")
+    p.add_argument("--zero-grad", choices=("none", "zero"), default="none",
+                   help="how each step clears the gradients: set them to None (torch 2.x's "
+                        "default: autograd allocates fresh ones) or zero them in place (torch "
+                        "1.13's default: backward accumulates into the same memory, which with "
+                        "bucket views is the bucket)")
     p.add_argument("--bucket-view", action="store_true",
                    help="also time ddp/braid and reducer/braid with gradient_as_bucket_view=True "
                         "(rows ddp/braid~view, reducer/braid~view)")
