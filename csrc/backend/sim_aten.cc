@@ -107,48 +107,43 @@ at::Tensor describe(c10::Storage storage, c10::DispatchKey key, const at::Tensor
   return at::Tensor(std::move(impl));
 }
 
+// v with `leaf` applied to each value in it that is not a list (lists, of
+// tensors or of anything, are rebuilt with the same element type).
+template <class F>
+c10::IValue mapLeaves(const c10::IValue& v, const F& leaf) {
+  if (v.isTensorList()) {
+    c10::List<at::Tensor> out;
+    for (const at::Tensor& t : v.toTensorList()) out.push_back(leaf(c10::IValue(t)).toTensor());
+    return c10::IValue(std::move(out));
+  }
+  if (v.isList()) {
+    c10::impl::GenericList in = v.toList();
+    c10::impl::GenericList out(in.elementType());
+    for (const c10::IValue& e : in) out.push_back(mapLeaves(e, leaf));
+    return c10::IValue(std::move(out));
+  }
+  return leaf(v);
+}
+
 // One op's translation: the CUDA tensors it was given, with their CPU aliases.
 class Call {
  public:
   explicit Call(const char* op) : op_(op) {}
 
   c10::IValue toCpu(const c10::IValue& v) {
-    if (v.isTensor()) return c10::IValue(toCpu(v.toTensor()));
-    if (v.isDevice()) {
-      c10::Device d = v.toDevice();
-      if (!d.is_cuda()) return v;
-      noteDevice(d);
-      return c10::IValue(c10::Device(c10::kCPU));
-    }
-    if (v.isStorage()) return c10::IValue(toCpu(v.toStorage()));
-    if (v.isTensorList()) {
-      c10::List<at::Tensor> out;
-      for (const at::Tensor& t : v.toTensorList()) out.push_back(toCpu(t));
-      return c10::IValue(std::move(out));
-    }
-    if (v.isList()) {
-      c10::impl::GenericList in = v.toList();
-      c10::impl::GenericList out(in.elementType());
-      for (const c10::IValue& e : in) out.push_back(toCpu(e));
-      return c10::IValue(std::move(out));
-    }
-    return v;
+    return mapLeaves(v, [this](const c10::IValue& x) -> c10::IValue {
+      if (x.isTensor()) return toCpu(x.toTensor());
+      if (x.isStorage()) return toCpu(x.toStorage());
+      if (!x.isDevice() || !x.toDevice().is_cuda()) return x;
+      noteDevice(x.toDevice());
+      return c10::Device(c10::kCPU);
+    });
   }
 
   c10::IValue toCuda(const c10::IValue& v) {
-    if (v.isTensor()) return c10::IValue(toCuda(v.toTensor()));
-    if (v.isTensorList()) {
-      c10::List<at::Tensor> out;
-      for (const at::Tensor& t : v.toTensorList()) out.push_back(toCuda(t));
-      return c10::IValue(std::move(out));
-    }
-    if (v.isList()) {
-      c10::impl::GenericList in = v.toList();
-      c10::impl::GenericList out(in.elementType());
-      for (const c10::IValue& e : in) out.push_back(toCuda(e));
-      return c10::IValue(std::move(out));
-    }
-    return v;
+    return mapLeaves(v, [this](const c10::IValue& x) -> c10::IValue {
+      return x.isTensor() ? c10::IValue(toCuda(x.toTensor())) : x;
+    });
   }
 
   // An out= or resize_ op resized a CPU alias (its metadata, perhaps its

@@ -240,14 +240,14 @@ class SameGpu final : public NcclApi {
     }
   }
 
-  // Copies `bytes` at `src` into this rank's half, scaled by `premul` (0: not).
-  void copyIn(Comm& c, DataType t, const void* src, size_t count, double premul, Stream s) {
+  // dst <- `count` elements at `src`, scaled by `premul` (0: not), in stream order.
+  void copyIn(DataType t, void* dst, const void* src, size_t count, double premul, Stream s) {
     if (count == 0) return;
     if (premul != 0) {
       const void* srcs[] = {src};
-      dev_.reduceMultiAsync(t, ReduceOp::kSum, c.half(c.rank()), srcs, 1, 1.0 / premul, count, s);
+      dev_.reduceMultiAsync(t, ReduceOp::kSum, dst, srcs, 1, 1.0 / premul, count, s);
     } else {
-      dev_.memcpyAsync(c.half(c.rank()), src, count * elementSize(t), s);
+      dev_.memcpyAsync(dst, src, count * elementSize(t), s);
     }
   }
 
@@ -267,7 +267,7 @@ class SameGpu final : public NcclApi {
         *b = std::min(len, q * per);
         return std::min(len, (q + 1) * per) - *b;
       };
-      copyIn(c, t, static_cast<const char*>(send) + off * es, len, premul, s);
+      copyIn(t, c.half(r), static_cast<const char*>(send) + off * es, len, premul, s);
       check(c.barrier(s));
       size_t b;
       const size_t mine = slice(r, &b);
@@ -333,14 +333,8 @@ class SameGpu final : public NcclApi {
     for (size_t off = 0; off < count; off += chunk) {
       const size_t len = std::min(chunk, count - off);
       for (int q = 0; q < n; ++q) {
-        const char* from = static_cast<const char*>(send) + (q * count + off) * es;
-        if (premul != 0) {
-          const void* one[] = {from};
-          dev_.reduceMultiAsync(t, ReduceOp::kSum, c.half(r) + q * len * es, one, 1,
-                                1.0 / premul, len, s);
-        } else {
-          dev_.memcpyAsync(c.half(r) + q * len * es, from, len * es, s);
-        }
+        copyIn(t, c.half(r) + q * len * es,
+               static_cast<const char*>(send) + (q * count + off) * es, len, premul, s);
       }
       check(c.barrier(s));
       for (int q = 0; q < n; ++q) srcs[q] = c.half(q) + r * len * es;
