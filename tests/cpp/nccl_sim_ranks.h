@@ -119,6 +119,19 @@ inline void setValue(DataType t, void* p, size_t i, double v) {
   }
 }
 
+// Rank r's element i: small integers, exact in every dtype and their sums.
+inline double x(DataType t, int r, size_t i) {
+  if (t == DataType::kBool) return (r + i) % 3 == 0;
+  return (r + 1) + static_cast<double>(i % 3);
+}
+
+// The SUM of x over n ranks (bool: or).
+inline double sumX(DataType t, int n, size_t i) {
+  double s = 0;
+  for (int r = 0; r < n; ++r) s = t == DataType::kBool ? (s || x(t, r, i)) : s + x(t, r, i);
+  return s;
+}
+
 // "Device memory" of the simulated device, freed with the holder.
 struct DeviceBuffer {
   DeviceBuffer(DataType t, size_t count, int device = 0)

@@ -27,19 +27,6 @@ const DataType kAllTypes[] = {DataType::kFloat32,  DataType::kFloat64, DataType:
                               DataType::kInt16,    DataType::kInt32,   DataType::kInt64,
                               DataType::kBool};
 
-// Rank r's element i: small integers, exact in every dtype and their sums.
-double x(DataType t, int r, size_t i) {
-  if (t == DataType::kBool) return (r + i) % 3 == 0;
-  return (r + 1) + static_cast<double>(i % 3);
-}
-
-// The SUM of x over n ranks (bool: or).
-double sumX(DataType t, int n, size_t i) {
-  double s = 0;
-  for (int r = 0; r < n; ++r) s = t == DataType::kBool ? (s || x(t, r, i)) : s + x(t, r, i);
-  return s;
-}
-
 // Every data-moving op at `n` ranks for every dtype (reductions with SUM,
 // except int16, which NCCL cannot reduce), on one executor per rank.
 void checkAllOps(int n) {

@@ -31,17 +31,6 @@ class SameGpu : public ::testing::Test {
   void TearDown() override { unsetenv("BRAID_CUDA_SAME_GPU_BYTES"); }
 };
 
-double x(DataType t, int r, size_t i) {
-  if (t == DataType::kBool) return (r + i) % 3 == 0;
-  return (r + 1) + static_cast<double>(i % 3);
-}
-
-double sumX(DataType t, int n, size_t i) {
-  double s = 0;
-  for (int r = 0; r < n; ++r) s = t == DataType::kBool ? (s || x(t, r, i)) : s + x(t, r, i);
-  return s;
-}
-
 void checkAllOps(int n) {
   MemoryStore store;
   const size_t count = 1500;  // several chunks of every dtype

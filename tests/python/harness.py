@@ -900,6 +900,16 @@ def sizes(fast=(1, 2, 3, 4, 5), slow=(6, 7, 8)):
             + [pytest.param(n, id=f"n{n}", marks=pytest.mark.slow) for n in slow])
 
 
+def simulated_cuda_only():
+    """Skips a module or test where torch has CUDA: braid's simulated device stands in only
+    where there is none (it refuses a CUDA build)."""
+    import pytest
+    import torch
+
+    return pytest.mark.skipif(torch.version.cuda is not None,
+                              reason="torch has CUDA: nothing to simulate")
+
+
 def dtypes(fast=DTYPES, slow=()):
     import pytest
 

@@ -17,17 +17,10 @@ import pytest
 
 import harness as H
 
-def _torch_has_cuda():
-    import torch
-
-    return torch.version.cuda is not None
-
-
 pytestmark = [
     pytest.mark.braid_only,
-    # The simulated device stands in only where torch has no CUDA (it refuses a CUDA
-    # build); on a GPU, test_cuda_ddp.py and tools/gpu_smoke.py run the real device.
-    pytest.mark.skipif(_torch_has_cuda(), reason="torch has CUDA: nothing to simulate"),
+    # On a GPU, test_cuda_ddp.py and tools/gpu_smoke.py run the real device.
+    H.simulated_cuda_only(),
 ]
 
 SIM_DEVICES = 2

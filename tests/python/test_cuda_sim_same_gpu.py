@@ -17,11 +17,7 @@ import pytest
 
 import harness as H
 
-pytestmark = [
-    pytest.mark.braid_only,
-    pytest.mark.skipif(__import__("torch").version.cuda is not None,
-                       reason="torch has CUDA: nothing to simulate"),
-]
+pytestmark = [pytest.mark.braid_only, H.simulated_cuda_only()]
 
 HALF = 4096  # BRAID_CUDA_SAME_GPU_BYTES / 2 in these groups: several chunks per op
 

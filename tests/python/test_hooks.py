@@ -187,7 +187,12 @@ def _powersgd_low_rank(ctx):
     state = hooks.powersgd_state(matrix_approximation_rank=1, start_powerSGD_iter=0,
                                  use_error_feedback=False, warm_start=False)
     out = hooks.powersgd(state, _layout_bucket(xs[ctx.rank].clone(), shapes)).wait()
-    mean = _mean(xs)
+    _check_rank_one_projection(torch, out, _mean(xs), state)
+    return out
+
+
+def _check_rank_one_projection(torch, out, mean, state):
+    """_powersgd_low_rank's bucket (32x16, 7, 3x2) at rank 1: the low-rank part and the bytes."""
     # The vector, and the 3x2 matrix ((3 + 2) * 1 * 2 >= 6), are allreduced uncompressed.
     assert torch.allclose(out[512:], mean[512:], rtol=0, atol=1e-6)
     m, r = mean[:512].view(32, 16), out[:512].view(32, 16)
@@ -196,7 +201,6 @@ def _powersgd_low_rank(ctx):
     assert (r.t() @ (m - r)).abs().max() < 1e-4 * m.norm() ** 2
     assert (m - r).norm() < m.norm()
     assert state.payload_bytes == 4 * ((7 + 6 + 32) + 16)
-    return out
 
 
 def _powersgd_error_feedback(ctx):

@@ -24,18 +24,7 @@ import test_hooks as T
 pytest.importorskip("torch_braid.hooks", reason="torch_braid._C is not built")
 
 
-def _torch_has_cuda():
-    import torch
-
-    return torch.version.cuda is not None
-
-
-pytestmark = [
-    pytest.mark.braid_only,
-    # The simulated device stands in only where torch has no CUDA (it refuses a
-    # CUDA build).
-    pytest.mark.skipif(_torch_has_cuda(), reason="torch has CUDA: nothing to simulate"),
-]
+pytestmark = [pytest.mark.braid_only, H.simulated_cuda_only()]
 
 SIM_DEVICES = 2
 WORLDS = [pytest.param((n, "cuda"), id=f"n{n}") for n in (2, 3)]
@@ -231,14 +220,7 @@ def _powersgd_low_rank(ctx):
         state = hooks.powersgd_state(matrix_approximation_rank=1, start_powerSGD_iter=0,
                                      use_error_feedback=False, warm_start=False)
         out = _run(hooks.powersgd, state, xs[ctx.rank].to(dev, copy=True), shapes)
-        # The vector and the 3x2 matrix are allreduced uncompressed.
-        assert torch.allclose(out[512:], mean[512:], rtol=0, atol=1e-6)
-        m, r = mean[:512].view(32, 16), out[:512].view(32, 16)
-        # R = p p^T M for a unit vector p: rank one, with M - R orthogonal to R.
-        assert torch.linalg.matrix_rank(r).item() == 1
-        assert (r.t() @ (m - r)).abs().max() < 1e-4 * m.norm() ** 2
-        assert (m - r).norm() < m.norm()
-        assert state.payload_bytes == 4 * ((7 + 6 + 32) + 16)
+        T._check_rank_one_projection(torch, out, mean, state)
         outs.append(out)
     # The same random Q on both devices (drawn on the CPU), hence the same projection.
     assert torch.allclose(outs[1], outs[0], rtol=PSGD_RTOL, atol=PSGD_ATOL)
