@@ -275,7 +275,7 @@ void enqueueOps(NcclExecutorState& s, const std::vector<NcclOp>& ops, const Devi
     }
   }
   NcclResult result = kNcclSuccess;
-  std::string failedCall;
+  std::string failedCall, lastError;
   std::vector<NcclRedOp> premuls;
   {
     std::lock_guard<TimedLock> lock(s.callMu);
@@ -300,6 +300,9 @@ void enqueueOps(NcclExecutorState& s, const std::vector<NcclOp>& ops, const Devi
       NcclResult r = s.nccl.groupEnd();  // always: NCCL's group state is per thread
       if (result == kNcclSuccess || (result == kNcclInProgress && r != kNcclSuccess)) result = r;
     }
+    // Read here, under callMu: the watchdog may abort the communicator (and
+    // with it the text) as soon as callMu is released.
+    if (result != kNcclSuccess && result != kNcclInProgress) lastError = s.nccl.lastError(comm);
   }
   // On a non-blocking communicator the kernel may not be enqueued yet.
   if (result == kNcclInProgress) waitInProgress(s, device, Clock::now() + timeout, what);
@@ -311,15 +314,10 @@ void enqueueOps(NcclExecutorState& s, const std::vector<NcclOp>& ops, const Devi
     }
   }
   if (result != kNcclSuccess && result != kNcclInProgress) {
-    std::string last;
-    {
-      std::lock_guard<TimedLock> lock(s.callMu);
-      if (NcclComm comm = s.comms[device].comm) last = s.nccl.lastError(comm);
-    }
     failAndThrow(s, failKindOf(result),
                  strCat(what, ": NCCL ", failedCall.empty() ? "group" : failedCall, " returned ",
                         ncclResultName(result), " (", s.nccl.getErrorString(result), ")",
-                        last.empty() ? "" : ": ", last));
+                        lastError.empty() ? "" : ": ", lastError));
   }
 }
 
