@@ -138,6 +138,39 @@ class NcclApi {
                                           NcclComm comm) = 0;
   virtual NcclResult redOpDestroy(NcclRedOp op, NcclComm comm) = 0;
 
+  // Note [Collectives NCCL lacks]
+  // NCCL has no gather, scatter or alltoall (torch builds them from grouped
+  // send/recv); braid runs them on the staged path (through host memory),
+  // except where an NcclApi has them itself: braid's same-GPU collectives
+  // (Note [Same-GPU collectives] in same_gpu.h) move them at device speed.
+  // So they are optional here: supports() says which an implementation has
+  // (the defaults: none, and the calls answer kNcclInvalidUsage), the
+  // executor refuses an op its NcclApi lacks before it enqueues anything,
+  // and the backend asks first (NcclExecutor::supports) and otherwise takes
+  // the staged path. The answer depends only on the NcclApi, which the
+  // executor choice makes the same kind on every rank (Note [Choosing a CUDA
+  // executor]), so the ranks all take the same path.
+  enum class Extra { kGather, kScatter, kAllToAll };
+  virtual bool supports(Extra) const { return false; }
+  // `recvs`: the root's nranks outputs of `count` elements, rank order
+  // (ignored elsewhere).
+  virtual NcclResult gather(const void* /*send*/, void* const* /*recvs*/, size_t /*count*/,
+                            NcclDataType, int /*root*/, NcclComm, Stream) {
+    return kNcclInvalidUsage;
+  }
+  // `sends`: the root's nranks inputs of `count` elements, rank order
+  // (ignored elsewhere); rank r receives sends[r].
+  virtual NcclResult scatter(const void* const* /*sends*/, void* /*recv*/, size_t /*count*/,
+                             NcclDataType, int /*root*/, NcclComm, Stream) {
+    return kNcclInvalidUsage;
+  }
+  // Equal splits: send and recv hold nranks blocks of `count` elements;
+  // block q of send goes to rank q, block q of recv comes from rank q.
+  virtual NcclResult allToAll(const void* /*send*/, void* /*recv*/, size_t /*count*/,
+                              NcclDataType, NcclComm, Stream) {
+    return kNcclInvalidUsage;
+  }
+
   // braid's own collectives (Note [Same-GPU collectives] in same_gpu.h) wait
   // on the host for their peers while they enqueue; this bounds that wait.
   // NCCL never waits there: the default ignores it.

@@ -29,6 +29,12 @@ const char* ncclOpName(NcclOpKind k) {
       return "send";
     case NcclOpKind::kRecv:
       return "recv";
+    case NcclOpKind::kGather:
+      return "gather";
+    case NcclOpKind::kScatter:
+      return "scatter";
+    case NcclOpKind::kAllToAll:
+      return "alltoall";
   }
   return "?";
 }
@@ -57,19 +63,64 @@ bool isReduction(NcclOpKind k) {
   return k == NcclOpKind::kAllreduce || k == NcclOpKind::kReduce || k == NcclOpKind::kReduceScatter;
 }
 
-void checkOp(const NcclOp& op, int rank, int size) {
+// The NcclApi's name for an op NCCL lacks; false for NCCL's own.
+bool extraOf(NcclOpKind k, NcclApi::Extra* e) {
+  switch (k) {
+    case NcclOpKind::kGather:
+      *e = NcclApi::Extra::kGather;
+      return true;
+    case NcclOpKind::kScatter:
+      *e = NcclApi::Extra::kScatter;
+      return true;
+    case NcclOpKind::kAllToAll:
+      *e = NcclApi::Extra::kAllToAll;
+      return true;
+    default:
+      return false;
+  }
+}
+
+bool apiSupports(const NcclApi& nccl, NcclOpKind k) {
+  NcclApi::Extra e;
+  return !extraOf(k, &e) || nccl.supports(e);
+}
+
+void checkOp(const NcclApi& nccl, const NcclOp& op, int rank, int size) {
   const char* name = ncclOpName(op.kind);
+  // Refused before anything is enqueued: the backend asks supports() first,
+  // so this is a caller's bug, not a rank out of step.
+  BRAID_ENFORCE(apiSupports(nccl, op.kind), name, rank, nccl.name(), " has no ", name,
+                " (Note [Collectives NCCL lacks]: such ops take the staged path)");
   BRAID_ENFORCE(op.device >= 0, name, rank, "device ", op.device, " is not a CUDA device");
-  const bool rooted = op.kind == NcclOpKind::kBroadcast || op.kind == NcclOpKind::kReduce;
+  const bool rooted = op.kind == NcclOpKind::kBroadcast || op.kind == NcclOpKind::kReduce ||
+                      op.kind == NcclOpKind::kGather || op.kind == NcclOpKind::kScatter;
   const bool p2p = op.kind == NcclOpKind::kSend || op.kind == NcclOpKind::kRecv;
   if (rooted || p2p) {
     BRAID_ENFORCE(op.root >= 0 && op.root < size, name, rank, rooted ? "root " : "peer ", op.root,
                   " is not a rank of a group of ", size);
   }
+  // The root's lists: one buffer per rank.
+  if (rooted && rank == op.root && op.kind == NcclOpKind::kGather) {
+    BRAID_ENFORCE(op.outs.size() == static_cast<size_t>(size), name, rank, "the root has ",
+                  op.outs.size(), " outputs for a group of ", size);
+    for (size_t q = 0; q < op.outs.size(); ++q) {
+      BRAID_ENFORCE(op.count == 0 || op.outs[q], name, rank, "null output ", q, " for ",
+                    op.count, " elements");
+    }
+  }
+  if (rooted && rank == op.root && op.kind == NcclOpKind::kScatter) {
+    BRAID_ENFORCE(op.ins.size() == static_cast<size_t>(size), name, rank, "the root has ",
+                  op.ins.size(), " inputs for a group of ", size);
+    for (size_t q = 0; q < op.ins.size(); ++q) {
+      BRAID_ENFORCE(op.count == 0 || op.ins[q], name, rank, "null input ", q, " for ", op.count,
+                    " elements");
+    }
+  }
   if (op.count > 0) {
-    const bool needIn = op.kind != NcclOpKind::kRecv && op.kind != NcclOpKind::kBroadcast;
-    const bool needOut =
-        op.kind != NcclOpKind::kSend && !(op.kind == NcclOpKind::kReduce && rank != op.root);
+    const bool needIn = op.kind != NcclOpKind::kRecv && op.kind != NcclOpKind::kBroadcast &&
+                        op.kind != NcclOpKind::kScatter;
+    const bool needOut = op.kind != NcclOpKind::kSend && op.kind != NcclOpKind::kGather &&
+                         !(op.kind == NcclOpKind::kReduce && rank != op.root);
     BRAID_ENFORCE(!needIn || op.in, name, rank, "null input for ", op.count, " elements");
     BRAID_ENFORCE(!needOut || op.out, name, rank, "null output for ", op.count, " elements");
     BRAID_ENFORCE(op.kind != NcclOpKind::kBroadcast || op.out || (rank == op.root && op.in), name,
@@ -100,6 +151,13 @@ NcclExecutor::~NcclExecutor() {
 }
 
 int NcclExecutor::rank() const { return state_->opt.rank; }
+
+bool NcclExecutor::supports(NcclOpKind kind) const { return apiSupports(state_->nccl, kind); }
+
+uint64_t NcclExecutor::opsIssued() {
+  std::lock_guard<std::mutex> lock(state_->mu);
+  return state_->opSeq;
+}
 int NcclExecutor::size() const { return state_->opt.size; }
 
 Stream NcclExecutor::commStream(int device) {
@@ -238,6 +296,12 @@ NcclResult issue(NcclExecutorState& s, const NcclOp& op, NcclComm comm, Stream s
         return n.allGather(op.in, op.out, b.count, b.type, comm, st);
       case NcclOpKind::kSend:
         return n.send(op.in, b.count, b.type, op.root, comm, st);
+      case NcclOpKind::kGather:
+        return n.gather(op.in, op.outs.data(), b.count, b.type, op.root, comm, st);
+      case NcclOpKind::kScatter:
+        return n.scatter(op.ins.data(), op.out, b.count, b.type, op.root, comm, st);
+      case NcclOpKind::kAllToAll:
+        return n.allToAll(op.in, op.out, b.count, b.type, comm, st);
       default:
         return n.recv(op.out, b.count, b.type, op.root, comm, st);
     }
@@ -333,7 +397,7 @@ std::shared_ptr<NcclWork> NcclExecutor::runGroup(const std::vector<NcclOp>& ops)
   const int device = ops[0].device;
   auto timeout = s.opt.timeout;
   for (const NcclOp& op : ops) {
-    checkOp(op, rank, s.opt.size);
+    checkOp(s.nccl, op, rank, s.opt.size);
     BRAID_ENFORCE(op.device == device, name, rank, "ops on devices ", device, " and ", op.device,
                   " in one group");
     if (op.timeout.count() > 0) timeout = std::min(timeout, op.timeout);

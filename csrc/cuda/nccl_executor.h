@@ -51,27 +51,48 @@
 namespace braid {
 namespace cuda {
 
-enum class NcclOpKind { kAllreduce, kBroadcast, kReduce, kAllgather, kReduceScatter, kSend, kRecv };
+// kGather, kScatter and kAllToAll run only on an NcclApi that has them
+// (Note [Collectives NCCL lacks] in nccl_api.h; NcclExecutor::supports).
+enum class NcclOpKind {
+  kAllreduce,
+  kBroadcast,
+  kReduce,
+  kAllgather,
+  kReduceScatter,
+  kSend,
+  kRecv,
+  kGather,
+  kScatter,
+  kAllToAll,
+};
 const char* ncclOpName(NcclOpKind k);
 
 // One op's arguments. Pointers are device memory on `device`.
 struct NcclOp {
   NcclOpKind kind = NcclOpKind::kAllreduce;
-  // allreduce, reduce, reduceScatter, allgather, send: the input; broadcast:
-  // the root's buffer (ignored elsewhere); recv: unused.
+  // allreduce, reduce, reduceScatter, allgather, gather, alltoall, send: the
+  // input; broadcast: the root's buffer (ignored elsewhere); scatter, recv:
+  // unused.
   const void* in = nullptr;
   // The output (broadcast: every rank's buffer; reduce: the root's; send:
-  // unused). in == out is allowed for allreduce, broadcast and reduce; for
-  // allgather and reduceScatter, in-place means in is this rank's block of out.
+  // unused; scatter: this rank's block; gather: unused). in == out is
+  // allowed for allreduce, broadcast, reduce and alltoall; for allgather and
+  // reduceScatter, in-place means in is this rank's block of out.
   void* out = nullptr;
+  // gather: the root's size() outputs, rank order (empty elsewhere).
+  std::vector<void*> outs;
+  // scatter: the root's size() inputs, rank order (empty elsewhere).
+  std::vector<const void*> ins;
   // Elements in each rank's block, as OpDesc::count: the whole buffer for
   // allreduce/broadcast/reduce/send/recv, one rank's share for allgather
-  // (out holds size() of them) and reduceScatter (in holds size()).
+  // (out holds size() of them) and reduceScatter (in holds size()), one
+  // block for gather/scatter (each of outs/ins, and in/out) and alltoall
+  // (in and out hold size() blocks each: equal splits).
   size_t count = 0;
   DataType dtype = DataType::kFloat32;
   ReduceOp redop = ReduceOp::kSum;
   double premulFactor = 1.0;  // kPremulSum: this rank's factor
-  int root = 0;               // broadcast/reduce: the root; send/recv: the peer
+  int root = 0;               // broadcast/reduce/gather/scatter: the root; send/recv: the peer
   int device = 0;
   // Recorded on the caller's stream; the op starts after it (null: no wait).
   Event ready = nullptr;
@@ -177,6 +198,13 @@ class NcclExecutor {
   void shutdown(std::chrono::milliseconds drain);
   void shutdown();  // drain: the timeout
 
+  // Whether run() takes ops of `kind`: the NcclApi's own collectives always;
+  // gather, scatter and alltoall only where the NcclApi has them (Note
+  // [Collectives NCCL lacks] in nccl_api.h). The same on every rank.
+  bool supports(NcclOpKind kind) const;
+  // run() and runGroup() calls that passed the argument checks so far (the
+  // op's number in errors): tests see which path an op took.
+  uint64_t opsIssued();
   // The comm stream of `device` (null before its first op).
   Stream commStream(int device);
   // Communicators made so far (for tests: one per device).

@@ -152,6 +152,20 @@ class SameGpu final : public NcclApi {
                            NcclRedOp op, NcclComm comm, Stream s) override {
     return run(comm, [&](Comm& c) { reduceScatterOn(c, send, recv, recvCount, type, op, s); });
   }
+  // Note [Collectives NCCL lacks] in nccl_api.h: all three, here.
+  bool supports(Extra) const override { return true; }
+  NcclResult gather(const void* send, void* const* recvs, size_t count, NcclDataType type,
+                    int root, NcclComm comm, Stream s) override {
+    return run(comm, [&](Comm& c) { gatherOn(c, send, recvs, count, type, root, s); });
+  }
+  NcclResult scatter(const void* const* sends, void* recv, size_t count, NcclDataType type,
+                     int root, NcclComm comm, Stream s) override {
+    return run(comm, [&](Comm& c) { scatterOn(c, sends, recv, count, type, root, s); });
+  }
+  NcclResult allToAll(const void* send, void* recv, size_t count, NcclDataType type,
+                      NcclComm comm, Stream s) override {
+    return run(comm, [&](Comm& c) { allToAllOn(c, send, recv, count, type, s); });
+  }
   NcclResult send(const void*, size_t, NcclDataType, int, NcclComm comm, Stream) override {
     return unsupported(comm, "send");
   }
@@ -315,6 +329,98 @@ class SameGpu final : public NcclApi {
       check(c.barrier(s));
       for (int q = 0; q < c.size(); ++q) {
         dev_.memcpyAsync(static_cast<char*>(recv) + (q * count + off) * es, c.half(q), len * es, s);
+      }
+      c.nextHalf();
+    }
+  }
+
+  // Note [Same-GPU gather, scatter and alltoall]
+  // As allgather and broadcast: per chunk, the ranks that hold data copy it
+  // into their own half, one barrier, the ranks it is for copy it out of the
+  // peers' halves; halves alternate, so one barrier per chunk suffices (a
+  // rank writes a half again only after the next chunk's barrier, which its
+  // peers reach only after they enqueued their reads of it).
+  // - gather: every rank but the root copies its chunk in; only the root
+  //   reads. The root's own block goes straight from its input to its output
+  //   (stream order), never through the half.
+  // - scatter: only the root copies in, the chunk of every peer's block (a
+  //   chunk is a half / nranks elements per block); rank q reads its block.
+  //   The root's own block goes straight to its output.
+  // - alltoall (equal splits): every rank copies the chunk of each of its n
+  //   blocks in (a half / nranks elements per block); rank r then reads block
+  //   r of every rank's half (its own included: one copy path for all). In
+  //   place works: chunk k of every block is in the half before any of
+  //   chunk k of the output is written, and later chunks touch other bytes.
+  // The loops run the same number of barriers on every rank: it depends only
+  // on count, nranks and the half size, which the ranks agree on (the op
+  // header and the control block's check).
+  void gatherOn(Comm& c, const void* send, void* const* recvs, size_t count, NcclDataType nt,
+                int root, Stream s) {
+    const size_t es = elementSize(dataTypeOf(nt));
+    const int r = c.rank();
+    if (r == root && count > 0 && recvs[root] != send) {
+      dev_.memcpyAsync(recvs[root], send, count * es, s);
+    }
+    const size_t chunk = std::max<size_t>(1, c.halfBytes() / es);
+    for (size_t off = 0; off < count; off += chunk) {
+      const size_t len = std::min(chunk, count - off);
+      if (r != root) {
+        dev_.memcpyAsync(c.half(r), static_cast<const char*>(send) + off * es, len * es, s);
+      }
+      check(c.barrier(s));
+      if (r == root) {
+        for (int q = 0; q < c.size(); ++q) {
+          if (q != root) {
+            dev_.memcpyAsync(static_cast<char*>(recvs[q]) + off * es, c.half(q), len * es, s);
+          }
+        }
+      }
+      c.nextHalf();
+    }
+  }
+
+  void scatterOn(Comm& c, const void* const* sends, void* recv, size_t count, NcclDataType nt,
+                 int root, Stream s) {
+    const size_t es = elementSize(dataTypeOf(nt));
+    const int n = c.size(), r = c.rank();
+    if (r == root && count > 0 && sends[root] != recv) {
+      dev_.memcpyAsync(recv, sends[root], count * es, s);
+    }
+    const size_t chunk = std::max<size_t>(1, c.halfBytes() / es / n);
+    for (size_t off = 0; off < count; off += chunk) {
+      const size_t len = std::min(chunk, count - off);
+      if (r == root) {
+        for (int q = 0; q < n; ++q) {
+          if (q != root) {
+            dev_.memcpyAsync(c.half(root) + q * len * es,
+                             static_cast<const char*>(sends[q]) + off * es, len * es, s);
+          }
+        }
+      }
+      check(c.barrier(s));
+      if (r != root) {
+        dev_.memcpyAsync(static_cast<char*>(recv) + off * es, c.half(root) + r * len * es,
+                         len * es, s);
+      }
+      c.nextHalf();
+    }
+  }
+
+  void allToAllOn(Comm& c, const void* send, void* recv, size_t count, NcclDataType nt,
+                  Stream s) {
+    const size_t es = elementSize(dataTypeOf(nt));
+    const int n = c.size(), r = c.rank();
+    const size_t chunk = std::max<size_t>(1, c.halfBytes() / es / n);
+    for (size_t off = 0; off < count; off += chunk) {
+      const size_t len = std::min(chunk, count - off);
+      for (int q = 0; q < n; ++q) {
+        dev_.memcpyAsync(c.half(r) + q * len * es,
+                         static_cast<const char*>(send) + (q * count + off) * es, len * es, s);
+      }
+      check(c.barrier(s));
+      for (int q = 0; q < n; ++q) {
+        dev_.memcpyAsync(static_cast<char*>(recv) + (q * count + off) * es,
+                         c.half(q) + r * len * es, len * es, s);
       }
       c.nextHalf();
     }

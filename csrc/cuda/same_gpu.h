@@ -26,7 +26,10 @@
 //   kernel (Note [Multi-source reduce] in kernels.cuh) into this rank's half;
 //   barrier; copy every rank's reduced slice into the output. reduce_scatter
 //   reduces straight into the output; allgather and broadcast copy out of
-//   the peers' halves; reduce gathers at the root only.
+//   the peers' halves; reduce gathers at the root only. gather, scatter and
+//   alltoall (equal splits), which NCCL lacks (Note [Collectives NCCL lacks]
+//   in nccl_api.h), copy likewise: Note [Same-GPU gather, scatter and
+//   alltoall] in same_gpu.cc.
 // - Halves alternate between chunks (and ops): a rank overwrites a half only
 //   after the first barrier of the next chunk, which every peer reaches only
 //   after it has finished reading that half. So two barriers per chunk.

@@ -9,7 +9,9 @@
 #include <gtest/gtest.h>
 
 #include <cstdlib>
+#include <memory>
 #include <thread>
+#include <vector>
 
 #include "common/error.h"
 #include "cuda/same_gpu.h"
@@ -126,6 +128,176 @@ TEST_F(SameGpu, PeersWaitForASlowRanksStream) {
     for (size_t i = 0; i < count; ++i) ASSERT_EQ(out.get(i), 5) << i;
     ex.shutdown();
   });
+}
+
+// gather, scatter and alltoall (Note [Same-GPU gather, scatter and alltoall]
+// in same_gpu.cc). Element i of the block that rank `from` holds for rank
+// `to`: distinct per (from, to, i) and exact in every dtype (the narrow ones
+// wrap at 61, the wide ones do not wrap at all, so a block or chunk put at
+// the wrong offset shows).
+double blockValue(DataType t, int from, int to, size_t i) {
+  if (elementSize(t) >= 4 && t != DataType::kFloat32) {
+    return from * 1000000.0 + to * 100000.0 + static_cast<double>(i);
+  }
+  if (t == DataType::kFloat32) return from * 100000.0 + to * 10000.0 + static_cast<double>(i);
+  return static_cast<double>((from * 31 + to * 7 + i) % 61);
+}
+
+// Counts: none, one, odd, and (for the largest) several chunks of a half
+// at every dtype and group size here (4 KiB halves: 1024 float32, 512 per
+// block at 2 ranks).
+void checkGatherScatterAllToAll(int n) {
+  MemoryStore store;
+  const size_t counts[] = {0, 1, 7, 2501};
+  const DataType types[] = {DataType::kFloat32, DataType::kFloat64, DataType::kBFloat16,
+                            DataType::kInt8, DataType::kInt64};
+  runRanks(n, [&](int rank) {
+    dev().setDevice(0);
+    NcclExecutor ex(sameGpuCollectives(dev()), dev(), store, options(rank, n));
+    EXPECT_TRUE(ex.supports(NcclOpKind::kGather));
+    EXPECT_TRUE(ex.supports(NcclOpKind::kScatter));
+    EXPECT_TRUE(ex.supports(NcclOpKind::kAllToAll));
+    for (DataType t : types) {
+      for (size_t count : counts) {
+        SCOPED_TRACE(strCat(n, " ranks, rank ", rank, ", ", toString(t), ", count ", count));
+        auto run = [&](const NcclOp& o) { ex.run(o)->wait(); };
+        // alltoall, then in place
+        DeviceBuffer in(t, count * n), out(t, count * n);
+        for (int q = 0; q < n; ++q) {
+          for (size_t i = 0; i < count; ++i) in.set(q * count + i, blockValue(t, rank, q, i));
+        }
+        run(op(NcclOpKind::kAllToAll, in.p, out.p, count, t));
+        for (int q = 0; q < n; ++q) {
+          for (size_t i = 0; i < count; ++i) {
+            ASSERT_EQ(out.get(q * count + i), blockValue(t, q, rank, i)) << "block " << q << " " << i;
+          }
+        }
+        run(op(NcclOpKind::kAllToAll, in.p, in.p, count, t));
+        for (int q = 0; q < n; ++q) {
+          for (size_t i = 0; i < count; ++i) {
+            ASSERT_EQ(in.get(q * count + i), blockValue(t, q, rank, i)) << "in place, block " << q;
+          }
+        }
+        for (int root : {0, n - 1}) {
+          SCOPED_TRACE(strCat("root ", root));
+          // gather: the root's outputs are separate buffers, as torch's list
+          std::vector<std::unique_ptr<DeviceBuffer>> bufs;
+          for (int q = 0; q < n; ++q) bufs.emplace_back(new DeviceBuffer(t, count));
+          DeviceBuffer mine(t, count);
+          for (size_t i = 0; i < count; ++i) mine.set(i, blockValue(t, rank, root, i));
+          NcclOp g = op(NcclOpKind::kGather, mine.p, nullptr, count, t, ReduceOp::kSum, root);
+          if (rank == root) {
+            for (auto& b : bufs) g.outs.push_back(b->p);
+          }
+          run(g);
+          if (rank == root) {
+            for (int q = 0; q < n; ++q) {
+              for (size_t i = 0; i < count; ++i) {
+                ASSERT_EQ(bufs[q]->get(i), blockValue(t, q, root, i)) << "gathered " << q;
+              }
+            }
+          }
+          // scatter: rank q receives the root's buffer q
+          for (int q = 0; q < n; ++q) {
+            for (size_t i = 0; i < count; ++i) bufs[q]->set(i, blockValue(t, root, q, i));
+          }
+          for (size_t i = 0; i < count; ++i) mine.set(i, -1);
+          NcclOp sc = op(NcclOpKind::kScatter, nullptr, mine.p, count, t, ReduceOp::kSum, root);
+          if (rank == root) {
+            for (auto& b : bufs) sc.ins.push_back(b->p);
+          }
+          run(sc);
+          for (size_t i = 0; i < count; ++i) {
+            ASSERT_EQ(mine.get(i), blockValue(t, root, rank, i)) << "scattered " << i;
+          }
+        }
+      }
+    }
+    EXPECT_EQ(ex.communicatorsCreated(), 1);
+    ex.shutdown();
+  });
+}
+
+TEST_F(SameGpu, GatherScatterAllToAll2Ranks) { checkGatherScatterAllToAll(2); }
+TEST_F(SameGpu, GatherScatterAllToAll3Ranks) { checkGatherScatterAllToAll(3); }
+TEST_F(SameGpu, GatherScatterAllToAll4Ranks) { checkGatherScatterAllToAll(4); }
+TEST_F(SameGpu, GatherScatterAllToAll5Ranks) { checkGatherScatterAllToAll(5); }
+
+// A slow stream on one rank: the peers' reads of its half (alltoall, a
+// gather at it, a scatter from it) must wait for its copies in (the
+// barriers), or they read stale values of the previous op.
+TEST_F(SameGpu, GatherScatterAllToAllWaitForASlowRank) {
+  MemoryStore store;
+  const int n = 3;
+  const size_t count = 900;  // several chunks
+  const DataType t = DataType::kFloat32;
+  runRanks(n, [&](int rank) {
+    dev().setDevice(0);
+    NcclExecutor ex(sameGpuCollectives(dev()), dev(), store, options(rank, n));
+    DeviceBuffer in(t, count * n), out(t, count * n);
+    ex.run(op(NcclOpKind::kAllToAll, in.p, out.p, count, t))->wait();  // makes the comm
+    for (int round = 0; round < 2; ++round) {
+      if (rank == 1) dev().setStreamDelay(ex.commStream(0), std::chrono::milliseconds(5));
+      for (size_t i = 0; i < count * n; ++i) in.set(i, blockValue(t, rank, round, i));
+      ex.run(op(NcclOpKind::kAllToAll, in.p, out.p, count, t))->wait();
+      for (int q = 0; q < n; ++q) {
+        for (size_t i = 0; i < count; ++i) {
+          ASSERT_EQ(out.get(q * count + i), blockValue(t, q, round, rank * count + i)) << i;
+        }
+      }
+      NcclOp sc = op(NcclOpKind::kScatter, nullptr, out.p, count, t, ReduceOp::kSum, 1);
+      if (rank == 1) {
+        for (int q = 0; q < n; ++q) sc.ins.push_back(static_cast<char*>(in.p) + q * count * 4);
+      }
+      ex.run(sc)->wait();
+      for (size_t i = 0; i < count; ++i) {
+        ASSERT_EQ(out.get(i), blockValue(t, 1, round, rank * count + i)) << i;
+      }
+      NcclOp g = op(NcclOpKind::kGather, in.p, nullptr, count, t, ReduceOp::kSum, 0);
+      if (rank == 0) {
+        for (int q = 0; q < n; ++q) g.outs.push_back(static_cast<char*>(out.p) + q * count * 4);
+      }
+      ex.run(g)->wait();
+      if (rank == 0) {
+        for (int q = 0; q < n; ++q) {
+          for (size_t i = 0; i < count; ++i) {
+            ASSERT_EQ(out.get(q * count + i), blockValue(t, q, round, i)) << q << " " << i;
+          }
+        }
+      }
+      if (rank == 1) dev().setStreamDelay(ex.commStream(0), std::chrono::microseconds(0));
+    }
+    ex.shutdown();
+  });
+}
+
+// NCCL (here the simulated one) has none of them: the executor says so, so
+// that the backend takes the staged path, and refuses such an op before it
+// enqueues anything or fails the group.
+TEST_F(SameGpu, AnNcclApiWithoutThemRefusesThemClearly) {
+  SimulatedNccl sim(dev());
+  MemoryStore store;
+  dev().setDevice(0);
+  NcclExecutor ex(sim, dev(), store, options(0, 2));
+  EXPECT_TRUE(ex.supports(NcclOpKind::kAllgather));
+  for (NcclOpKind k : {NcclOpKind::kGather, NcclOpKind::kScatter, NcclOpKind::kAllToAll}) {
+    EXPECT_FALSE(ex.supports(k)) << ncclOpName(k);
+    DeviceBuffer a(DataType::kFloat32, 8), b(DataType::kFloat32, 8);
+    NcclOp o = op(k, a.p, b.p, 4, DataType::kFloat32);
+    o.outs = {b.p, b.p};
+    o.ins = {a.p, a.p};
+    try {
+      ex.run(o);
+      ADD_FAILURE() << ncclOpName(k) << " ran";
+    } catch (const Error& e) {
+      const std::string m = e.what();
+      EXPECT_NE(m.find(ncclOpName(k)), std::string::npos) << m;
+      EXPECT_NE(m.find("rank 0"), std::string::npos) << m;
+      EXPECT_NE(m.find("staged path"), std::string::npos) << m;
+    }
+  }
+  EXPECT_EQ(ex.opsIssued(), 0u);
+  EXPECT_EQ(ex.communicatorsCreated(), 0);
 }
 
 // The buffer size chunks every op: ranks that disagree fail when the
