@@ -8,6 +8,7 @@
 #include "backend/cuda_context.h"
 #include "backend/process_group.h"
 #include "cuda/cuda_kernels.h"
+#include "cuda/nccl_executor.h"
 #include "common/exit_guard.h"
 #include "backend/python_parts.h"
 #include "common/settings.h"
@@ -179,6 +180,15 @@ PYBIND11_MODULE(_C, m) {
           },
           "Which executor runs this group's CUDA collectives and why (Note [Choosing a CUDA "
           "executor]); empty before its first CUDA collective.")
+      .def(
+          "_cuda_executor_ops",
+          [](const braid::ProcessGroupBraid& pg) -> uint64_t {
+            auto ctx = pg.cudaContext();
+            auto* n = ctx ? ctx->nccl() : nullptr;
+            return n ? n->opsIssued() : 0;
+          },
+          "Ops the group's NCCL (or same-GPU) executor has taken so far; 0 when its CUDA ops "
+          "are staged. Tests see which path an op took.")
       .def("_fr_describe", &braid::ProcessGroupBraid::describeForRecorder, py::arg("name"),
            py::arg("global_ranks"),
            "The group's name and members' global ranks, for the flight recorder's dumps.");

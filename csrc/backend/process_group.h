@@ -21,6 +21,7 @@ class CudaBinding;  // backend/cuda_context.h: the group's CUDA device and comm 
 class CudaContext;
 namespace cuda {
 enum class NcclOpKind;  // cuda/nccl_executor.h
+struct NcclOp;          // cuda/nccl_executor.h
 }
 
 class ProcessGroupBraid : public compat::BackendBase {
@@ -146,11 +147,20 @@ class ProcessGroupBraid : public compat::BackendBase {
   // process_group_nccl.cc: whether a collective on `t` runs on the group's
   // NCCL executor (Note [Choosing a CUDA executor]), and running it there.
   bool onNccl(const at::Tensor& t, const char* op);
+  // The same, for an op NCCL lacks (gather, scatter, alltoall): only where
+  // the executor's NcclApi has it (Note [Collectives NCCL lacks] in
+  // cuda/nccl_api.h), else the staged path.
+  bool onNccl(const at::Tensor& t, const char* op, cuda::NcclOpKind kind);
   c10::intrusive_ptr<c10d::Work> ncclLaunch(const collectives::OpDesc& d, c10d::OpType type,
                                             const char* title, std::vector<at::Tensor> outputs,
                                             const std::vector<at::Tensor>& inputs,
                                             cuda::NcclOpKind kind, const void* in, void* out,
                                             double factor);
+  // `op` with its kind and buffers set; the rest comes from `d`.
+  c10::intrusive_ptr<c10d::Work> ncclLaunch(const collectives::OpDesc& d, c10d::OpType type,
+                                            const char* title, std::vector<at::Tensor> outputs,
+                                            const std::vector<at::Tensor>& inputs,
+                                            cuda::NcclOp op);
   // process_group_sparse.cc: allreduce of one sparse COO tensor (SUM), as gloo's.
   c10::intrusive_ptr<c10d::Work> allreduceSparse(std::vector<at::Tensor>& tensors,
                                                  const c10d::AllreduceOptions& opts);

@@ -150,14 +150,38 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupBraid::alltoall_base(
     BRAID_ENFORCE(args::dtypeOf(output, "alltoall", rank) == dt, "alltoall", rank,
                   "input is ", toString(dt), " but output is ",
                   toString(args::dtypeOf(output, "alltoall", rank)));
-    auto src = Staged::in(input);
-    auto dst = Staged::out(output);
     std::vector<uint64_t> sendB, recvB;
     std::vector<int64_t> sendOff, recvOff;
-    splitRows(src.buf, inputSplits, n, "input", rank, &sendB, &sendOff);
-    splitRows(dst.buf, outputSplits, n, "output", rank, &recvB, &recvOff);
+    splitRows(input, inputSplits, n, "input", rank, &sendB, &sendOff);
+    splitRows(output, outputSplits, n, "output", rank, &recvB, &recvOff);
     OpDesc d = desc(OpKind::kAlltoall, opts.timeout);
     d.dtype = dt;
+    // Note [alltoall on the NCCL path]
+    // The same-GPU collectives have alltoall with equal splits only (Note
+    // [Collectives NCCL lacks] in cuda/nccl_api.h). The ranks must all take
+    // one path, and splits are per rank: a legitimate uneven alltoall may
+    // give one rank equal splits and its peers not. So the test is that this
+    // rank passed no split sizes at all (torch's None: equal by definition),
+    // which a program does on every rank or on none. Its header says so: the
+    // fast path's carries shape [n, block] and the block count, the staged
+    // path's neither, so ranks that mix the two (None here, sizes there)
+    // fail in the header step naming both shapes instead of hanging.
+    if (inputSplits.empty() && outputSplits.empty() && input.dim() > 0 &&
+        input.numel() == output.numel() &&
+        onNccl(input, "alltoall", cuda::NcclOpKind::kAllToAll)) {
+      d.count = input.numel() / n;
+      d.shape.ndim = 2;
+      d.shape.dims[0] = n;
+      d.shape.dims[1] = static_cast<int64_t>(d.count);
+      cuda::NcclOp op;
+      op.kind = cuda::NcclOpKind::kAllToAll;
+      op.in = input.data_ptr();
+      op.out = output.data_ptr();
+      return ncclLaunch(d, c10d::OpType::ALLTOALL_BASE, "braid:alltoall_base", {output}, {input},
+                        std::move(op));
+    }
+    auto src = Staged::in(input);
+    auto dst = Staged::out(output);
     Engine* e = engine_.get();
     return launch(d, c10d::OpType::ALLTOALL_BASE, "braid:alltoall_base", {output},
                   [e, d, src, dst, sendB, recvB, sendOff, recvOff, n]() mutable {

@@ -199,6 +199,13 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupBraid::gather(
       BRAID_ENFORCE(outputs.empty() || (outputs.size() == 1 && outputs[0].empty()), "gather",
                     rank, "only the root (", d.root, ") takes output tensors");
     }
+    if (onNccl(in, "gather", cuda::NcclOpKind::kGather)) {
+      cuda::NcclOp op;
+      op.kind = cuda::NcclOpKind::kGather;
+      op.in = in.data_ptr();
+      for (auto& t : outList) op.outs.push_back(t.data_ptr());
+      return ncclLaunch(d, c10d::OpType::GATHER, "braid:gather", outList, inputs, std::move(op));
+    }
     auto src = Staged::in(in);
     auto outs = stageOutputs(outList);
     Engine* e = engine_.get();
@@ -221,16 +228,24 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupBraid::scatter(
     d.root = static_cast<int>(opts.rootRank);
     d.count = out.numel();
     d.shape = args::shapeOf(out);
-    std::vector<Staged> ins;
     if (rank == d.root) {
       BRAID_ENFORCE(inputs.size() == 1 && inputs[0].size() == static_cast<size_t>(n), "scatter",
                     rank, "the root expects one input list of ", n, " tensors");
       args::checkSame(inputs[0], d.dtype, out.numel(), "input", "scatter", rank);
-      for (auto& t : inputs[0]) ins.push_back(Staged::in(t));
     } else {
       BRAID_ENFORCE(inputs.empty() || (inputs.size() == 1 && inputs[0].empty()), "scatter", rank,
                     "only the root (", d.root, ") takes input tensors");
     }
+    const std::vector<at::Tensor> inList = rank == d.root ? inputs[0] : std::vector<at::Tensor>();
+    if (onNccl(out, "scatter", cuda::NcclOpKind::kScatter)) {
+      cuda::NcclOp op;
+      op.kind = cuda::NcclOpKind::kScatter;
+      op.out = out.data_ptr();
+      for (auto& t : inList) op.ins.push_back(t.data_ptr());
+      return ncclLaunch(d, c10d::OpType::SCATTER, "braid:scatter", outputs, inList, std::move(op));
+    }
+    std::vector<Staged> ins;
+    for (auto& t : inList) ins.push_back(Staged::in(t));
     auto dst = Staged::out(out);
     Engine* e = engine_.get();
     return launch(d, c10d::OpType::SCATTER, "braid:scatter", outputs, [e, d, ins, dst] {

@@ -15,6 +15,10 @@
 // callback holds them). Ops NCCL lacks (gather, scatter, the list forms,
 // bitwise reductions) take the staged path (Note [The staged CUDA executor]),
 // which orders itself on the same caller stream, so the two mix freely.
+// gather, scatter and alltoall (equal splits) come here too where the
+// executor's NcclApi has them (braid's same-GPU collectives, Note
+// [Collectives NCCL lacks] in cuda/nccl_api.h): the executor answers, the
+// same on every rank.
 // Arguments the ranks disagree on (a count, a dtype, a root) would hang NCCL
 // or mix buffers of different sizes, so each NCCL op also runs its header
 // step through braid's CPU group (Group::checkOp), on the worker, without
@@ -40,6 +44,12 @@ bool ProcessGroupBraid::onNccl(const at::Tensor& t, const char* op) {
   return cuda_->get(t.device(), op)->nccl() != nullptr;
 }
 
+bool ProcessGroupBraid::onNccl(const at::Tensor& t, const char* op, cuda::NcclOpKind kind) {
+  if (!t.is_cuda()) return false;
+  cuda::NcclExecutor* n = cuda_->get(t.device(), op)->nccl();
+  return n != nullptr && n->supports(kind);
+}
+
 namespace {
 // A Work that completes when both of its halves have: the NCCL op on the
 // device, and the header check on the host. The check's error wins: it names
@@ -63,17 +73,23 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupBraid::ncclLaunch(
     const collectives::OpDesc& d, c10d::OpType type, const char* title,
     std::vector<at::Tensor> outputs, const std::vector<at::Tensor>& inputs, cuda::NcclOpKind kind,
     const void* in, void* out, double factor) {
-  std::shared_ptr<CudaContext> ctx = cuda_->existing();
-  const c10::Device device = ctx->device();
-  PooledEvent ready = ctx->recordOnCurrentStream(title);
   cuda::NcclOp op;
   op.kind = kind;
   op.in = in;
   op.out = out;
+  op.premulFactor = factor;
+  return ncclLaunch(d, type, title, std::move(outputs), inputs, std::move(op));
+}
+
+c10::intrusive_ptr<c10d::Work> ProcessGroupBraid::ncclLaunch(
+    const collectives::OpDesc& d, c10d::OpType type, const char* title,
+    std::vector<at::Tensor> outputs, const std::vector<at::Tensor>& inputs, cuda::NcclOp op) {
+  std::shared_ptr<CudaContext> ctx = cuda_->existing();
+  const c10::Device device = ctx->device();
+  PooledEvent ready = ctx->recordOnCurrentStream(title);
   op.count = d.count;
   op.dtype = d.dtype;
   op.redop = d.redop;
-  op.premulFactor = factor;
   op.root = d.root;
   op.device = device.index();
   op.ready = ready.get();

@@ -85,6 +85,76 @@ def test_collectives(world, dtype):
     H.check_reports(world.run(_collectives, dtype, (0, 1, 1023, 5 * HALF + 3)))
 
 
+def _gather_scatter_alltoall(ctx, dtype_name, counts):
+    """gather, scatter and all_to_all_single (no split sizes) through the same-GPU
+    executor (Note [Same-GPU gather, scatter and alltoall] in csrc/cuda/same_gpu.cc):
+    its op counter moves by one per op, which the staged path never touches; the
+    uneven all_to_all_single that follows does not move it and still comes out right
+    beside them."""
+    torch, dist = ctx.torch, ctx.dist
+    group, executor = _group(ctx)
+    backend = group._get_backend(torch.device("cuda", 0)) if ctx.torch2 else group
+    ch = H.Checker(ctx)
+    ch.true("the group runs the same-GPU collectives", executor.startswith("same-gpu"), executor)
+    dtype = getattr(torch, dtype_name)
+    n, r = ctx.size, ctx.rank
+    cuda = torch.device("cuda", 0)
+    for count in counts:
+        before = backend._cuda_executor_ops()
+        # all_to_all_single: block q of rank r's input goes to rank q
+        inp = torch.cat([H.pattern(r, 10 + q, count, dtype) for q in range(n)]).to(cuda)
+        out = torch.empty(n * count, dtype=dtype, device=cuda)
+        dist.all_to_all_single(out, inp, group=group)
+        ch.equal(f"all_to_all_single count={count}", out.cpu(),
+                 torch.cat([H.pattern(q, 10 + r, count, dtype) for q in range(n)]))
+        # rows of two columns: the blocks are rows
+        inp2 = inp.view(n * count, 1).expand(n * count, 2).contiguous()
+        out2 = torch.empty_like(inp2)
+        dist.all_to_all_single(out2, inp2, group=group)
+        ch.equal(f"all_to_all_single 2-D count={count}", out2.cpu(),
+                 out.cpu().view(n * count, 1).expand(n * count, 2).contiguous())
+        ops = 2
+        for root in sorted({0, n - 1}):
+            t = H.pattern(r, 20 + root, count, dtype).to(cuda)
+            gathered = ([torch.full((count,), 0, dtype=dtype, device=cuda) for _ in range(n)]
+                        if r == root else None)
+            dist.gather(t, gathered, dst=root, group=group)
+            if r == root:
+                for q in range(n):
+                    ch.equal(f"gather root={root} count={count} from {q}", gathered[q].cpu(),
+                             H.pattern(q, 20 + root, count, dtype))
+            pieces = ([H.pattern(root, 30 + q, count, dtype).to(cuda) for q in range(n)]
+                      if r == root else None)
+            got = torch.zeros(count, dtype=dtype, device=cuda)
+            dist.scatter(got, pieces, src=root, group=group)
+            ch.equal(f"scatter root={root} count={count}", got.cpu(),
+                     H.pattern(root, 30 + r, count, dtype))
+            ops += 2
+        ch.true(f"count={count}: every op ran on the same-GPU executor",
+                backend._cuda_executor_ops() - before == ops,
+                f"{backend._cuda_executor_ops() - before} executor ops for {ops} collectives")
+    # Uneven splits stay on the staged path: rank r sends q + 1 elements to rank q.
+    before = backend._cuda_executor_ops()
+    recv = [r + 1] * n
+    send = [q + 1 for q in range(n)]
+    inp = torch.cat([H.pattern(r, 40 + q, q + 1, dtype) for q in range(n)]).to(cuda)
+    out = torch.empty(n * (r + 1), dtype=dtype, device=cuda)
+    dist.all_to_all_single(out, inp, output_split_sizes=recv, input_split_sizes=send, group=group)
+    ch.equal("all_to_all_single uneven", out.cpu(),
+             torch.cat([H.pattern(q, 40 + r, r + 1, dtype) for q in range(n)]))
+    ch.true("the uneven all_to_all_single was staged", backend._cuda_executor_ops() == before,
+            f"{backend._cuda_executor_ops() - before} executor ops")
+    dist.destroy_process_group(group)
+    return ch.report()
+
+
+@pytest.mark.parametrize("dtype", H.dtypes(fast=("float32", "int64"), slow=("bfloat16", "uint8")))
+@pytest.mark.parametrize("world", [pytest.param((n, "cuda1"), id=f"n{n}") for n in (2, 3, 4)],
+                         indirect=True)
+def test_gather_scatter_alltoall(world, dtype):
+    H.check_reports(world.run(_gather_scatter_alltoall, dtype, (0, 1, 1023, 5 * HALF + 3)))
+
+
 def _die_or_allreduce(ctx):
     torch, dist = ctx.torch, ctx.dist
     group, _ = _group(ctx)
