@@ -23,6 +23,20 @@ bool premulSumFactor(const c10d::ReduceOp& op, double* factor) {
   return true;
 }
 
+BackendBase* backendFor(const c10::intrusive_ptr<c10d::ProcessGroup>& pg, c10::DeviceType device) {
+  if (!pg) return nullptr;
+#if BRAID_TORCH2
+  try {
+    return pg->getBackend(device).get();
+  } catch (const std::exception&) {
+    return nullptr;  // no backend registered for that device type
+  }
+#else
+  (void)device;
+  return pg.get();
+#endif
+}
+
 void applyLibuvSetting(c10d::TCPStoreOptions* opts) {
 #if BRAID_TORCH2
   const char* v = std::getenv("USE_LIBUV");

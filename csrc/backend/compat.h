@@ -91,5 +91,9 @@ std::string storeHost(const c10::intrusive_ptr<c10d::Store>& store);
 c10::intrusive_ptr<c10d::ProcessGroup> wrapAsProcessGroup(
     const c10::intrusive_ptr<BackendBase>& backend, const c10::intrusive_ptr<c10d::Store>& store);
 
+// The backend that runs `pg`'s ops on `device` (1.13: the group itself);
+// nullptr when the group has none for that device type.
+BackendBase* backendFor(const c10::intrusive_ptr<c10d::ProcessGroup>& pg, c10::DeviceType device);
+
 }  // namespace compat
 }  // namespace braid

@@ -13,6 +13,7 @@
 #include <tuple>
 #include <unordered_map>
 
+#include "backend/process_group.h"
 #include "common/error.h"
 #include "common/logging.h"
 #include "reducer/buckets.h"
@@ -39,6 +40,25 @@
 // With static_graph, the first synced backward only counts hooks per
 // parameter; finalizeBackward marks everything ready and reduces then. Later
 // iterations expect the same counts and skip the bitmap.
+//
+// Note [Averaging inside the allreduce]
+// Without a comm hook the reducer averages: each gradient divided by the
+// world size, then summed (torch's DDP does the same). In view mode that
+// divide is a pass of its own over every bucket, read and written once:
+// on a CPU host whose cores all compute, the step is bound by memory
+// bandwidth, and that pass cost as much as a fifth of the whole allreduce's
+// traffic (benchmarks/ddp.py, issue 31). A braid group averages inside the
+// allreduce instead (ReduceOp::AVG): it divides each reduced share while
+// the share is still in cache. The bits are the same as dividing first
+// only where division by the world size is exact: a power of two, and a
+// float32 or float64 bucket (x / 2^k is exact, so sum(x / 2^k) and
+// sum(x) / 2^k round alike), except for results in the subnormal range,
+// where dividing first would have dropped low bits. float16 and bfloat16
+// buckets keep the divide pass: summed in float32 and rounded once, a sum
+// that overflows the narrow type would be inf where the sum of the halved
+// gradients is finite. Other world sizes, other groups (gloo has no AVG),
+// and CUDA buckets (the divide runs on the device, off the host's memory)
+// keep the divide pass too, so their bits are as before.
 
 namespace braid {
 namespace {
@@ -73,6 +93,10 @@ Reducer::Reducer(std::vector<at::Tensor> params, std::vector<std::string> names,
                 "bucket sizes must be positive: first bucket ", options_.first_bucket_bytes,
                 " bytes vs cap ", options_.bucket_cap_bytes, " bytes");
   divisor_ = at::native::wrapped_scalar_tensor(static_cast<double>(pg_->getSize()));
+  const int world = pg_->getSize();
+  groupAveragesExactly_ =
+      (world & (world - 1)) == 0 &&
+      dynamic_cast<ProcessGroupBraid*>(compat::backendFor(pg_, c10::DeviceType::CPU)) != nullptr;
   std::unordered_map<const c10::TensorImpl*, size_t> seen;
   params_.resize(params.size());
   for (size_t i = 0; i < params.size(); ++i) {
@@ -135,6 +159,9 @@ void Reducer::buildBuckets(const std::vector<size_t>& order) {
     }
     const at::Tensor& first = params_[bucket.members.front()].tensor;
     bucket.buffer = at::zeros({static_cast<int64_t>(total)}, first.options());
+    bucket.averageInAllreduce =
+        groupAveragesExactly_ && first.device().is_cpu() &&
+        (first.scalar_type() == at::kFloat || first.scalar_type() == at::kDouble);
     for (size_t s = 0; s < bucket.members.size(); ++s) {
       Param& p = params_[bucket.members[s]];
       p.bucket = b;
@@ -232,12 +259,13 @@ void Reducer::copyGradToBucket(size_t index, bool locallyUnused) {
   BRAID_ENFORCE(grad.sizes() == p.tensor.sizes(), "ddp", rank_, describeParam(index),
                 " has a gradient of shape ", grad.sizes(), " vs parameter shape ",
                 p.tensor.sizes());
+  const bool divide = !hook_ && !averagesInAllreduce(buckets_[p.bucket]);
   if (grad.is_alias_of(view)) {
     if (locallyUnused) unusedSnapshots_[index] = grad.clone();
-    if (!hook_) view.div_(divisor_);
+    if (divide) view.div_(divisor_);
     return;
   }
-  if (hook_) {
+  if (!divide) {
     view.copy_(grad);
   } else {
     at::div_out(view, grad, divisor_);  // one pass: copy and average
@@ -265,7 +293,9 @@ void Reducer::launchBucket(size_t b) {
   Bucket& bucket = buckets_[b];
   if (!hook_) {
     std::vector<at::Tensor> ts{bucket.buffer};
-    bucket.future = pg_->allreduce(ts)->getFuture();
+    c10d::AllreduceOptions opts;
+    if (bucket.averageInAllreduce) opts.reduceOp = c10d::ReduceOp::AVG;
+    bucket.future = pg_->allreduce(ts, opts)->getFuture();
     return;
   }
   std::vector<c10::IntArrayRef> sizes;
@@ -314,6 +344,13 @@ std::vector<std::vector<size_t>> Reducer::bucketIndices() const {
   std::lock_guard<std::mutex> lock(mutex_);
   std::vector<std::vector<size_t>> out;
   for (const auto& b : buckets_) out.push_back(b.members);
+  return out;
+}
+
+std::vector<bool> Reducer::bucketsAveragedInAllreduce() const {
+  std::lock_guard<std::mutex> lock(mutex_);
+  std::vector<bool> out;
+  for (const auto& b : buckets_) out.push_back(averagesInAllreduce(b));
   return out;
 }
 

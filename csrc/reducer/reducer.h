@@ -62,7 +62,10 @@ class Reducer {
   // undivided gradients and decides the averaging itself.
   void registerCommHook(std::shared_ptr<c10d::CommHookInterface> hook);
 
-  std::vector<std::vector<size_t>> bucketIndices() const;  // param indices per bucket
+  std::vector<std::vector<size_t>> bucketIndices() const;
+  // Per bucket: whether its allreduce averages (Note [Averaging inside the
+  // allreduce]), given the hook registered now.
+  std::vector<bool> bucketsAveragedInAllreduce() const;  // param indices per bucket
   bool bucketsRebuilt() const;
   int64_t syncedIterations() const;
   const std::vector<std::string>& names() const { return names_; }
@@ -83,12 +86,16 @@ class Reducer {
     std::vector<at::Tensor> views;  // aliases of buffer shaped like each param
     size_t pending = 0;
     c10::intrusive_ptr<c10::ivalue::Future> future;
+    // Note [Averaging inside the allreduce]: no divide pass over the bucket;
+    // the allreduce averages (when no comm hook is registered).
+    bool averageInAllreduce = false;
   };
 
   void buildBuckets(const std::vector<size_t>& order);
   void autogradHook(size_t index);
   void markReady(size_t index, bool locallyUnused = false);
   void copyGradToBucket(size_t index, bool locallyUnused);
+  bool averagesInAllreduce(const Bucket& bucket) const { return bucket.averageInAllreduce && !hook_; }
   void launchReadyBuckets();
   void launchBucket(size_t b);
   void queueFinalize();
@@ -106,6 +113,7 @@ class Reducer {
   const ReducerOptions options_;
   const int rank_;
   at::Tensor divisor_;  // world size, as a wrapped scalar so it keeps the bucket's dtype
+  bool groupAveragesExactly_ = false;  // Note [Averaging inside the allreduce]
 
   mutable std::mutex mutex_;
   std::vector<Param> params_;

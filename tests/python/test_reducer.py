@@ -313,6 +313,45 @@ def _bad_hook(ctx):
             _error_of(lambda: DistributedDataParallel(Mlp(), bucket_cap_mb=0))]
 
 
+def _average_bits(ctx, view, dtype, group="default", hook=None):
+    """Gradients after one synced backward, bit for bit: the sum in rank order of each rank's
+    own gradient divided by the world size (Note [Averaging inside the allreduce]), whether
+    the reducer divides first or the allreduce averages; and which of the two it did."""
+    from torch_braid.ddp import DistributedDataParallel
+
+    chk = H.Checker(ctx)
+    pg = _group(ctx, group)
+    n, rank = ctx.size, ctx.rank
+    dt = getattr(torch, dtype)
+    torch.manual_seed(100)
+    local = Mlp(hidden=37).to(dt)  # odd sizes: shares of unequal lengths
+    ddp = DistributedDataParallel(local, process_group=pg, gradient_as_bucket_view=view)
+    if hook:
+        _register_hook(ddp, hook, pg)
+    x, y = (t.to(dt) for t in _data(0, rank))
+    loss = lambda net: (net(x) - y).square().mean()  # noqa: E731 (mse_loss: no bf16 on 1.13)
+    loss(local).backward()  # this rank's own gradient, no communication
+    own = [p.grad.clone() for p in local.parameters()]
+    for p in local.parameters():
+        p.grad = None
+    loss(ddp).backward()
+    for i, (name, p) in enumerate(local.named_parameters()):
+        every = [torch.empty_like(own[i], dtype=torch.float64) for _ in range(n)]
+        ctx.dist.all_gather(every, own[i].double(), group=ctx.ref)  # gloo 1.13: no bf16
+        every = [e.to(dt) for e in every]
+        # braid sums in rank order; bfloat16 in float32, rounded once
+        acc = torch.float32 if dt == torch.bfloat16 else dt
+        want = (every[0] / n).to(acc)
+        for r in range(1, n):
+            want = want + (every[r] / n).to(acc)
+        want = want.to(dt)
+        chk.true(f"{name}.grad bit for bit", torch.equal(p.grad, want),
+                 f"max abs diff {(p.grad - want).abs().max().item():.3g}")
+    rep = chk.report()
+    rep["averaged"] = ddp._reducer.buckets_averaged_in_allreduce()
+    return rep
+
+
 # ---- tests -------------------------------------------------------------------------
 
 W2 = pytest.mark.parametrize("world", [2], indirect=True)
@@ -380,6 +419,32 @@ def test_no_sync_with_unused_parameters(world):
     # gradient must still be reduced by the synced step.
     _ok(world, model="branchy", rank_dependent=True, accumulate=2, to_none=True,
         find_unused_parameters=True, step_shift=1)
+
+
+@pytest.mark.parametrize("world", [2, 3, 4], indirect=True)
+@pytest.mark.parametrize("view", [False, True], ids=["copy", "view"])
+@pytest.mark.parametrize("dtype", ["float32", "float64", "bfloat16"])
+def test_average_bits(world, view, dtype):
+    """A braid group averages inside the allreduce exactly where that gives the bits of
+    dividing first: a power-of-two world, a float32 or float64 bucket."""
+    if H.BACKEND != "braid":
+        pytest.skip("the expected bits are braid's order of summation")
+    reports = world.run(_average_bits, view=view, dtype=dtype)
+    H.check_reports(reports)
+    n = len(reports)
+    fused = n & (n - 1) == 0 and dtype != "bfloat16"
+    for rep in reports:
+        assert rep["averaged"] == [fused] * len(rep["averaged"]), rep
+
+
+@W2
+@pytest.mark.parametrize("group,hook", [("gloo", None), ("default", "cpp")], ids=["gloo", "hook"])
+def test_average_bits_divides_first(world, group, hook):
+    """gloo has no AVG, and a comm hook decides the averaging itself: the divide pass stays."""
+    reports = world.run(_average_bits, view=True, dtype="float32", group=group, hook=hook)
+    H.check_reports(reports)
+    for rep in reports:
+        assert rep["averaged"] and not any(rep["averaged"]), rep
 
 
 @W2
