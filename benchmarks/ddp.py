@@ -11,7 +11,11 @@ torch_braid.hooks communication hook, side by side in the same processes.
 Rows (per model, bucket cap and world size):
   ddp/<backend>            torch.nn.parallel.DistributedDataParallel on that group
   ddp/<backend>+<hook>     the same with a torch_braid.hooks hook (Python hook path)
-  reducer/braid[+<hook>]   torch_braid.ddp.DistributedDataParallel (skipped if absent)
+  reducer/braid[+<hook>]   torch_braid.ddp.DistributedDataParallel, its defaults (bucket views
+                           on; skipped if absent)
+  local/none               the same model and step without DDP, every rank at once (the ceiling)
+  ~view, ~copy             with --bucket-view: ddp/braid~view (gradient_as_bucket_view=True) and
+                           reducer/braid~copy (False)
 Models: mlp (6 x Linear(2048, 2048), batch 1: 25M parameters, communication-bound), cnn (a
 small conv net, batch 16 of 3x32x32), transformer (one TransformerEncoderLayer, d_model 256,
 4 heads, feed-forward 1024: 0.8M parameters; batch 2 x 32 tokens).
@@ -123,12 +127,13 @@ def make_model(name, args):
 
 # ---- rows ----------------------------------------------------------------------------------------
 class Row:
-    def __init__(self, kind, backend, hook=None, view=False):
+    def __init__(self, kind, backend, hook=None, view=None):
         # kind: ddp | reducer | local (the same model and step without DDP: the ceiling);
-        # view: gradient_as_bucket_view=True
+        # view: gradient_as_bucket_view, None for the wrapper's default (torch's DDP: off;
+        # torch_braid.ddp: on), labelled ~view (True) or ~copy (False) otherwise
         self.kind, self.backend, self.hook, self.view = kind, backend, hook, view
         self.label = (f"{kind}/{backend.label}" + (f"+{hook}" if hook else "") +
-                      ("~view" if view else ""))
+                      {None: "", True: "~view", False: "~copy"}[view])
 
 
 class _NoBackend:
@@ -171,13 +176,15 @@ def run_row(row, model_name, bucket_mb, args, reducer_cls):
         kw["device_ids"] = [dev.index]
     if row.kind == "local":
         net = module
-    elif row.kind == "ddp":
-        net = torch.nn.parallel.DistributedDataParallel(
-            module, process_group=group, bucket_cap_mb=bucket_mb,
-            gradient_as_bucket_view=row.view, **kw)
     else:
-        net = reducer_cls(module, process_group=group, bucket_cap_mb=bucket_mb,
-                          gradient_as_bucket_view=row.view)
+        if row.view is not None:
+            kw["gradient_as_bucket_view"] = row.view
+        if row.kind == "ddp":
+            wrapper = torch.nn.parallel.DistributedDataParallel
+        else:
+            wrapper = reducer_cls
+            kw.pop("device_ids", None)  # torch_braid.ddp takes the module's device
+        net = wrapper(module, process_group=group, bucket_cap_mb=bucket_mb, **kw)
     state = counter = None
     if row.hook:
         state, fn = make_state(row.hook, group, args)
@@ -255,7 +262,7 @@ def rows_for(backends, args, reducer_cls):
     if reducer_cls is not None and braid is not None:
         rows.append(Row("reducer", braid))
         if args.bucket_view:
-            rows.append(Row("reducer", braid, view=True))
+            rows.append(Row("reducer", braid, view=False))
         rows += [Row("reducer", braid, h) for h in args.reducer_hooks]
     return rows
 
@@ -346,8 +353,8 @@ def report(parts, args):
     for r in res:
         key = (r["model"], r["bucket_mb"], r["ranks"])
         gloo = by.get(key + ("ddp/gloo",))
-        base_row = ("ddp/braid" if r["kind"] == "reducer" and not r["row"].endswith("~view")
-                    else r["row"].replace("~view", "") if r["row"].endswith("~view")
+        # a hook row: the same backend's ddp row; a reducer row and a ~view row: ddp/braid
+        base_row = ("ddp/braid" if r["kind"] == "reducer" or r["row"].endswith("~view")
                     else f"ddp/{r['backend']}")
         base = by.get(key + (base_row,)) if r["row"] != base_row else None
         one = by.get((r["model"], r["bucket_mb"], 1, r["row"]))
@@ -454,8 +461,9 @@ def parse_args(argv=None):
                         "1.13's default: backward accumulates into the same memory, which with "
                         "bucket views is the bucket)")
     p.add_argument("--bucket-view", action="store_true",
-                   help="also time ddp/braid and reducer/braid with gradient_as_bucket_view=True "
-                        "(rows ddp/braid~view, reducer/braid~view)")
+                   help="also time ddp/braid with gradient_as_bucket_view=True (row "
+                        "ddp/braid~view) and reducer/braid with it off (reducer/braid~copy: "
+                        "torch_braid.ddp has it on by default)")
     p.add_argument("--powersgd-rank", type=int, default=4)
     p.add_argument("--steps", type=int, default=10)
     p.add_argument("--warmup", type=int, default=3)
