@@ -8,6 +8,8 @@
     ... --env BRAID_X=1K,64K,1M        # repeat the whole run for each value (threshold sweeps)
     ... --nprocs 4 --hosts 2 --link-gbit 1   # ranks on 2 simulated hosts (tools/hosts.py, root)
     ... --nprocs 4 --device cuda --quick     # CUDA tensors: braid, gloo, nccl (Note [CUDA mode])
+    ... --nprocs 8 --pin                      # rank r on CPU r % ncpus (sched_setaffinity)
+    benchmarks/scaling.py sweeps world sizes, one job of this script per size and backend
 
 The default process group is gloo and serves only as the control group (statuses, iteration
 counts, times). Each backend under test gets its own dist.new_group(backend=...), created after
@@ -827,6 +829,10 @@ def parse_args(argv=None):
     p.add_argument("--rounds", type=int, default=3,
                    help="timed blocks per point and backend, alternating backends (Note [Rounds])")
     p.add_argument("--threads", type=int, default=1, help="torch.set_num_threads in each rank")
+    p.add_argument("--pin", action="store_true",
+                   help="pin rank r to the (r %% k)-th of the k CPUs it may use "
+                        "(os.sched_setaffinity, before torch starts a thread); the header line "
+                        "and meta.pinned_cpus say where each rank ran")
     p.add_argument("--timeout", type=float, default=300, help="process group timeout, seconds")
     p.add_argument("--memcpy-bytes", default=None, help="256M (--quick: 64M)")
     p.add_argument("--env", action="append", default=[], metavar="KEY=V1,V2",
@@ -936,9 +942,20 @@ def save(args, report):
         write_plot(args.plot, report)
 
 
+def pin_rank():
+    """--pin: this rank on the (RANK % k)-th of the k CPUs it may use; returns that CPU. Done
+    before torch is imported, so that every thread the rank starts inherits the one CPU."""
+    cpus = sorted(os.sched_getaffinity(0))
+    cpu = cpus[int(os.environ["RANK"]) % len(cpus)]
+    os.sched_setaffinity(0, {cpu})
+    return cpu
+
+
 def worker(args):
+    cpu = pin_rank() if args.pin else None
     import_torch()
     info = bc.init_worker(timeout_s=args.timeout, threads=args.threads)
+    pinned = bc.gather_objects(cpu) if args.pin else None
     progress = bc.Progress(0, enabled=False)
     try:
         if args.device == "cuda":
@@ -956,6 +973,9 @@ def worker(args):
                      for op in args.ops) * len(backends) * len(args.env_combos)
         progress = bc.Progress(points, enabled=info.rank == 0 and not args.no_progress)
         meta = run_meta(args, info, backends)
+        meta["pinned_cpus"] = pinned  # rank r ran on CPU pinned_cpus[r]; None: not pinned
+        if info.rank == 0 and pinned:
+            print(f"# pinned (--pin): rank r on CPU pinned[r], pinned = {pinned}", flush=True)
         runner, runs = Runner(args, info, backends, progress), []
         for env in args.env_combos:
             with bc.applied_env(env):
