@@ -38,10 +38,15 @@
 #   bench-*    benchmarks/collectives.py --device cuda --quick at 2, 4, 8, 1 ranks, then
 #              benchmarks/ddp.py --device cuda --quick (4 ranks), after the background steps
 #   examples   examples/*.py on braid with CUDA, where they take a device option
-# No-GPU mode: env, syntax of these scripts, import, the test globs (pytest --collect-only of
-# test_cuda*.py), gpu_smoke.py --dry-run and its CPU run (world 2), the benchmarks' "no CUDA"
-# message; the rest is skipped with the reason. It builds nothing (it needs the in-place
-# module: tools/setup.sh) and takes about 30 s on 2 cores.
+#   bench-scaling  tools/scaling_check.sh OUTDIR/scaling (issue 30: braid and gloo on the CPU at
+#              2 to 32 ranks, table, JSON and PNG), last, with what is left of the budget (at
+#              most 240 s; its sweep fits itself into the step's limit, and the step is skipped
+#              with under 60 s left): a full run rarely leaves that much, so run it alone with
+#              BRAID_GPU_STEPS=scaling (env, build and import, then the sweep)
+# No-GPU mode: env, syntax of these scripts (and the --help of scaling.py and scaling_check.sh),
+# import, the test globs (pytest --collect-only of test_cuda*.py), gpu_smoke.py --dry-run and
+# its CPU run (world 2), the benchmarks' "no CUDA" message; the rest is skipped with the reason.
+# It builds nothing (it needs the in-place module: tools/setup.sh) and takes about 30 s on 2 cores.
 #
 # The kit: the GPU machine has no network, and may lack GoogleTest and pytest. `--prepare-kit`
 # copies this machine's GoogleTest sources (/usr/src/googletest) and pytest (pure Python, with
@@ -116,7 +121,8 @@ GPU mode (limits in seconds; the whole run keeps to BRAID_GPU_BUDGET_S):
               smoke-w2 90, smoke-w4 100, smoke-w8 100, py-test_cuda* (not sim) 120 each
   after the background steps: bench-coll-w2 75, bench-coll-w4 90, bench-coll-w8 90,
               bench-coll-w1 60,
-              bench-ddp 90, examples 60
+              bench-ddp 90, examples 60, bench-scaling 240 (what is left of the budget;
+              skipped under 60)
 no-GPU mode: env 30, syntax 30, build (skipped: needs the in-place module), import 30,
   globs 40, smoke-dry 30, smoke-cpu 60, bench-nocuda 40; every GPU step is skipped
 EOF
@@ -330,10 +336,15 @@ s_syntax() {
   # compile() rather than py_compile: nothing written beside the sources
   "$PY" -c 'import sys; [compile(open(f).read(), f, "exec") for f in sys.argv[1:]]' \
     "$repo/tools/gpu_smoke.py" "$repo/benchmarks/collectives.py" \
-    "$repo/benchmarks/ddp.py" "$repo/benchmarks/_bench_common.py" || return 1
+    "$repo/benchmarks/ddp.py" "$repo/benchmarks/_bench_common.py" \
+    "$repo/benchmarks/scaling.py" || return 1
   "$PY" "$repo/benchmarks/collectives.py" --device cuda --quick --help >/dev/null || return 1
   "$PY" "$repo/tools/gpu_smoke.py" --help >/dev/null || return 1
-  echo "REASON: bash -n, compile() and --help of gpu_check.sh, gpu_smoke.py, collectives.py, ddp.py"
+  bash -n "$repo/tools/scaling_check.sh" || return 1
+  "$PY" "$repo/benchmarks/scaling.py" --help >/dev/null || return 1
+  "$repo/tools/scaling_check.sh" --help >/dev/null || return 1
+  echo "REASON: bash -n, compile() and --help of gpu_check.sh, gpu_smoke.py, collectives.py," \
+    "ddp.py, scaling.py, scaling_check.sh"
 }
 
 s_gtest() {
@@ -612,6 +623,10 @@ s_bench_ddp() {
   return $rc
 }
 
+s_scaling() {  # s_scaling LIMIT: issue 30's sweep, fitted into LIMIT less 20 s
+  BRAID_PYTHON=$PY BRAID_SCALING_BUDGET_S=$(($1 - 20)) "$repo/tools/scaling_check.sh" "$OUT/scaling"
+}
+
 s_globs() {
   local py=() cc=()
   mapfile -t py < <(ls "$repo"/tests/python/test_cuda*.py 2>/dev/null)
@@ -654,7 +669,7 @@ s_bench_nocuda() {  # without CUDA, --device cuda must say so and exit 2 without
 
 export -f have_pytest run_pytest run_pytest_split pytest_summary gtest_prefix torch_libdirs gtest_counts s_env s_syntax s_gtest \
   s_build s_import s_py_errors s_py_fast s_smoke s_cpp s_sanitize s_py_cuda s_examples \
-  s_bench_coll s_bench_ddp s_globs s_smoke_dry s_smoke_cpu s_bench_nocuda
+  s_bench_coll s_bench_ddp s_scaling s_globs s_smoke_dry s_smoke_cpu s_bench_nocuda
 
 # ---- the run -------------------------------------------------------------------------------------
 step env 30 s_env
@@ -724,6 +739,14 @@ if [[ $MODE == gpu ]]; then
     skip bench "torch_braid was not built or does not import"
   fi
   if ((module)); then step examples 60 s_examples; else skip examples "torch_braid does not import"; fi
+  # Issue 30's scaling sweep (CPU tensors, the 16 cores): last, in what is left of the budget.
+  left=$((BUDGET - $(elapsed))) lim=240
+  ((left < lim)) && lim=$left
+  if ! ((module)); then skip bench-scaling "torch_braid does not import"
+  elif ((lim < 60)) && wanted bench-scaling; then
+    why="global budget: ${left}s left, the sweep needs 60 s or more"
+    skip bench-scaling "$why (BRAID_GPU_STEPS=scaling runs it alone)"
+  else step bench-scaling $lim s_scaling $lim; fi
 else
   step syntax 30 s_syntax
   if why=$("$PY" -c 'import torch_braid' 2>&1); then
@@ -745,7 +768,7 @@ else
   fi
   step bench-nocuda 40 s_bench_nocuda
   for s in gtest cpp-test_cuda* py-errors py-fast smoke-w1,2,4,8 py-test_cuda* bench-coll \
-      bench-ddp memcheck racecheck examples; do
+      bench-ddp memcheck racecheck examples bench-scaling; do
     skip "$s" "no CUDA device (nvidia-smi lists no GPU)"
   done
 fi
