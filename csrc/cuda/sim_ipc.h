@@ -4,13 +4,9 @@
 // same-GPU collectives across processes in CI.
 //
 // Note [Simulated IPC]
-// - Shareable memory is a memfd, mapped by its creator; its handle names the
-//   creator's pid and descriptor, and another process maps the same pages
-//   through /proc/<pid>/fd/<fd>. A memfd has no name: nothing is left in
-//   /dev/shm whatever happens to the processes, and the pages go when the
-//   last mapping does. A 64-byte header carries a random nonce that the
-//   handle repeats, so that a handle whose descriptor number was reused
-//   (its exporter freed it) is refused instead of opening the wrong memory.
+// - Shareable memory is a transport::shm::SharedRegion (Note [Shared
+//   regions]): a memfd that another process maps through /proc/<pid>/fd/<fd>,
+//   nothing left in /dev/shm, stale handles refused.
 // - A shareable event is two counters in such memory: `latest`, the last
 //   generation recorded, and `done`, the last one the recording stream
 //   reached. Only the creator records it, on one stream at a time, so
@@ -31,39 +27,19 @@
 #include <memory>
 #include <string>
 
+#include "cuda/device_api.h"
 #include "cuda/sim_stream.h"
+#include "transport/shm/shared_region.h"
 
 namespace braid {
 namespace cuda {
 namespace sim {
 
-class SharedRegion {
- public:
-  // `bytes` of zeroed shareable memory (a memfd), mapped here.
-  static std::shared_ptr<SharedRegion> create(size_t bytes, const char* call);
-  // Another (or this) process's region, from its handle(); throws braid::Error
-  // naming `call` when the exporter is gone or the handle is stale.
-  static std::shared_ptr<SharedRegion> open(const std::string& handle, const char* call);
-  ~SharedRegion();
-  SharedRegion(const SharedRegion&) = delete;
-  SharedRegion& operator=(const SharedRegion&) = delete;
-
-  void* data() const { return data_; }
-  size_t size() const { return bytes_; }
-  pid_t exporter() const { return pid_; }
-  std::string handle() const;
-
- private:
-  SharedRegion() = default;
-  void* base_ = nullptr;  // the mapping: header, then data
-  void* data_ = nullptr;
-  size_t bytes_ = 0;
-  size_t mapped_ = 0;
-  int fd_ = -1;        // the creator's descriptor (-1 in an opener)
-  pid_t pid_ = 0;      // the creator
-  int exportFd_ = -1;  // the descriptor number in the creator
-  uint64_t nonce_ = 0;
-};
+// The memfd regions of the transport (Note [Shared regions]); a handle is
+// exactly a CUDA IPC handle's size.
+using SharedRegion = transport::shm::SharedRegion;
+static_assert(transport::shm::kRegionHandleBytes == kIpcHandleBytes,
+              "a shared region's handle stands in for a CUDA IPC handle");
 
 class SharedEvent {
  public:
