@@ -57,6 +57,17 @@ class Group {
   // Every transport's barrier is exactly that step.
   void checkOp(const OpDesc& op) { barrier(op); }
 
+  // Note [Registered buffers] (shm/registered.h): collective; every rank
+  // brings a region of the same size. Returns its id, 0 on every rank where
+  // it was not registered (transports without registered buffers: always).
+  virtual uint64_t registerBuffer(const OpDesc& op,
+                                  const std::shared_ptr<transport::shm::SharedRegion>& region) {
+    (void)op;
+    (void)region;
+    return 0;
+  }
+  // Where registered regions are released (any thread); nullptr without them.
+  virtual std::shared_ptr<RegionTable> regionTable() { return nullptr; }
   // After an error that leaves ranks out of step: later ops fail at once.
   virtual void markBroken(const std::string& why) = 0;
 

@@ -8,7 +8,10 @@ namespace braid {
 namespace collectives {
 
 void allreduce(Communicator& c, const OpDesc& op, const void* in, void* out) {
-  switch (c.plan(op.kind, op.bytes())) {
+  RegionTable::Ref ref;
+  const bool registered = in == out && c.regions()->find(out, op.bytes(), &ref);
+  switch (c.plan(op.kind, op.bytes(), registered)) {
+    case Algo::kRegistered: return allreduceRegistered(c, op, out, ref);
     case Algo::kDirect: return allreduceDirect(c, op, in, out);
     case Algo::kOneShot: return allreduceOneShot(c, op, in, out);
     default: return allreduceRsAg(c, op, in, out);

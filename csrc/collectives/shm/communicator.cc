@@ -128,7 +128,8 @@ Communicator::Communicator(std::unique_ptr<transport::Window> window,
       size_(window_->size()),
       scratch_(2 * window_->slotBytes()),
       cfg_(cfg ? *cfg : CollectiveConfig::fromEnv(rank_)),
-      chunkBytes_(chooseChunkBytes(cfg_.chunkBytes, window_->slotBytes(), size_)) {
+      chunkBytes_(chooseChunkBytes(cfg_.chunkBytes, window_->slotBytes(), size_)),
+      regions_(std::make_shared<RegionTable>(rank_)) {
   cfg_.check(rank_);
   BRAID_ENFORCE(window_->controlBytes() >= controlBytesFor(size_), "init", rank_,
                 "the window's control area has ", window_->controlBytes(),
@@ -150,7 +151,9 @@ uint64_t Communicator::peerAddr(int rank, uint64_t step, int which) {
   return reinterpret_cast<const uint64_t*>(window_->control(rank, step) + kMetaOffset)[2 * size_ + which];
 }
 
-Communicator::~Communicator() = default;
+// Peers' regions stay mapped while the group lives or until released; a
+// tensor that outlives the group keeps only its own region.
+Communicator::~Communicator() { regions_->clear(); }
 
 void Communicator::beginOp(const OpDesc& op) {
   ++opSeq_;

@@ -23,6 +23,7 @@
 #include <vector>
 
 #include "collectives/shm/plan.h"
+#include "collectives/shm/registered.h"
 #include "common/types.h"
 #include "transport/window.h"
 
@@ -85,9 +86,12 @@ class Communicator {
   const CollectiveConfig& config() const { return cfg_; }
   GroupLimits limits() const { return {window_->slotBytes(), window_->canReadPeers()}; }
   // The algorithm for `kind` with `bytes` per rank: see plan() in plan.h.
-  Algo plan(OpKind kind, size_t bytes) const {
-    return collectives::plan(kind, bytes, cfg_, limits());
+  Algo plan(OpKind kind, size_t bytes, bool registered = false) const {
+    return collectives::plan(kind, bytes, cfg_, limits(), registered);
   }
+  // This rank's registered regions and its mappings of the peers' (Note
+  // [Registered buffers]); shared with the tensors that free them.
+  const std::shared_ptr<RegionTable>& regions() const { return regions_; }
 
   // ---- scaffolding for the algorithm files --------------------------------
   // Starts an op: numbers it and sets the context used in error messages.
@@ -142,6 +146,7 @@ class Communicator {
   std::vector<uint8_t> scratch_;
   const CollectiveConfig cfg_;
   const size_t chunkBytes_;
+  const std::shared_ptr<RegionTable> regions_;
 };
 
 // Buffer addresses as announced in headers, one per rank.

@@ -55,6 +55,7 @@ const char* opName(OpKind k) {
     case OpKind::kReduceScatter: return "reduce_scatter";
     case OpKind::kAlltoall: return "alltoall";
     case OpKind::kBarrier: return "barrier";
+    case OpKind::kRegister: return "register_buffer";
   }
   return "unknown op";
 }
@@ -120,6 +121,7 @@ const char* algoName(Algo a) {
     case Algo::kShm: return "pipelined shared-memory";
     case Algo::kDirect: return "direct-read";
     case Algo::kBySizes: return "size-chosen";
+    case Algo::kRegistered: return "registered-buffer";
   }
   return "unknown algorithm";
 }
@@ -141,7 +143,7 @@ uint64_t oneShotMax(OpKind kind, const CollectiveConfig& cfg) {
 }
 
 bool hasDirectPath(OpKind kind) {
-  return kind != OpKind::kReduce && kind != OpKind::kBarrier;
+  return kind != OpKind::kReduce && kind != OpKind::kBarrier && kind != OpKind::kRegister;
 }
 
 bool stepsUseChunks(OpKind kind, Algo a) {
@@ -156,13 +158,15 @@ bool stepsUseChunks(OpKind kind, Algo a) {
   }
 }
 
-Algo plan(OpKind kind, size_t bytes, const CollectiveConfig& cfg, const GroupLimits& g) {
-  if (kind == OpKind::kBarrier) return Algo::kHeaderOnly;
+Algo plan(OpKind kind, size_t bytes, const CollectiveConfig& cfg, const GroupLimits& g,
+          bool registered) {
+  if (kind == OpKind::kBarrier || kind == OpKind::kRegister) return Algo::kHeaderOnly;
   // Up to its threshold a reducing op never reads directly: one step beats a
   // header step, the reads and two more steps.
   if (oneShotSetting(kind) && bytes <= oneShotMax(kind, cfg)) {
     return bytes <= g.slotBytes ? Algo::kOneShot : Algo::kShm;
   }
+  if (registered && kind == OpKind::kAllreduce) return Algo::kRegistered;
   if (hasDirectPath(kind) && g.canReadPeers && (cfg.directOps & opBit(kind)) &&
       bytes >= cfg.directMinBytes) {
     return Algo::kDirect;

@@ -48,6 +48,7 @@ enum class OpKind : uint32_t {
   kReduceScatter,
   kAlltoall,
   kBarrier,
+  kRegister,  // Note [Registered buffers] (registered.h): a collective of its own
 };
 const char* opName(OpKind k);
 
@@ -91,13 +92,16 @@ enum class Algo : uint32_t {
   kShm,             // pipelined through shared-memory slots in chunks
   kDirect,          // peers' buffers read directly (Note [Direct transfers])
   kBySizes,         // alltoall: kShm or kDirect, from the sizes in the headers
+  kRegistered,      // allreduce in registered buffers (Note [Registered buffers])
 };
 const char* algoName(Algo a);
 
 // The algorithm for `kind` with `bytes` per rank (alltoall: the largest block
 // any rank sends to one peer). Monotone in bytes for direct reads: if it picks
-// kDirect for b bytes it does for more.
-Algo plan(OpKind kind, size_t bytes, const CollectiveConfig& cfg, const GroupLimits& g);
+// kDirect for b bytes it does for more. `registered`: the op's buffer lies in
+// a registered region (Note [Registered buffers]).
+Algo plan(OpKind kind, size_t bytes, const CollectiveConfig& cfg, const GroupLimits& g,
+          bool registered = false);
 
 // The one-shot threshold setting of `kind` (nullptr: none) and its value.
 const char* oneShotSetting(OpKind kind);

@@ -36,6 +36,10 @@ void ShmGroup::alltoall(const OpDesc& op, const void* const* ins, void* const* o
 }
 void ShmGroup::barrier(const OpDesc& op) { collectives::barrier(comm_, op); }
 void ShmGroup::failOp(const OpDesc& op) { collectives::failOp(comm_, op); }
+uint64_t ShmGroup::registerBuffer(const OpDesc& op,
+                                  const std::shared_ptr<transport::shm::SharedRegion>& region) {
+  return collectives::registerBuffer(comm_, op, region);
+}
 
 PointToPoint& ShmGroup::p2p() {
   std::call_once(p2pOnce_, [this] { p2p_ = std::make_unique<transport::shm::P2PEngine>(comm_.window()); });

@@ -34,6 +34,9 @@ class ShmGroup : public Group {
   void alltoall(const OpDesc& op, const void* const* ins, void* const* outs) override;
   void barrier(const OpDesc& op) override;
   void failOp(const OpDesc& op) override;
+  uint64_t registerBuffer(const OpDesc& op,
+                          const std::shared_ptr<transport::shm::SharedRegion>& region) override;
+  std::shared_ptr<RegionTable> regionTable() override { return comm_.regions(); }
   void markBroken(const std::string& why) override { comm_.markBroken(why); }
 
   PointToPoint& p2p() override;
