@@ -1,5 +1,6 @@
 // torch_braid._C: the backend class for c10d's plugin registry, build and
 // settings information, and every other layer's bindings (python_parts.h).
+#include <torch/csrc/Dtype.h>
 #include <pybind11/chrono.h>
 #include <pybind11/stl.h>
 #include <torch/csrc/utils/pybind.h>
@@ -189,6 +190,19 @@ PYBIND11_MODULE(_C, m) {
           },
           "Ops the group's NCCL (or same-GPU) executor has taken so far; 0 when its CUDA ops "
           "are staged. Tests see which path an op took.")
+      .def(
+          "_registered_empty",
+          [](braid::ProcessGroupBraid& pg, int64_t numel, const py::object& dtype) {
+            if (!THPDtype_Check(dtype.ptr())) throw py::type_error("dtype must be a torch.dtype");
+            const at::ScalarType st = reinterpret_cast<THPDtype*>(dtype.ptr())->scalar_type;
+            py::gil_scoped_release nogil;
+            return pg.registeredEmpty(numel, st);
+          },
+          py::arg("numel"), py::arg("dtype"),
+           "Collective: a zeroed CPU tensor in memory every rank maps (Note [Registered "
+           "buffers]); ordinary memory where the group cannot register it.")
+      .def("_is_registered", &braid::ProcessGroupBraid::isRegistered, py::arg("tensor"),
+           "Whether the tensor's memory is registered with this group.")
       .def("_fr_describe", &braid::ProcessGroupBraid::describeForRecorder, py::arg("name"),
            py::arg("global_ranks"),
            "The group's name and members' global ranks, for the flight recorder's dumps.");

@@ -124,6 +124,16 @@ class ProcessGroupBraid : public compat::BackendBase {
   // The group's CUDA state, once a CUDA op made it (else null): tests reach
   // its comm stream through it.
   std::shared_ptr<CudaContext> cudaContext() const;
+  // Note [Registered buffers] (collectives/shm/registered.h): a zeroed CPU
+  // tensor of `numel` elements in memory every rank of the group maps, so
+  // that its allreduce works in place in the peers' memory. Collective: every
+  // rank calls it alike. Where the group cannot register it (ranks on
+  // several hosts, a rank that cannot map its peers' memory,
+  // BRAID_SHARED_BUFFERS=0 on any rank), the tensor is ordinary memory.
+  at::Tensor registeredEmpty(int64_t numel, at::ScalarType dtype);
+  // Whether `t`'s memory lies in a region this group registered (and has not
+  // released): its allreduce then takes the registered path.
+  bool isRegistered(const at::Tensor& t) const;
   // Note [Coalescing] (backend/coalesced_work.h); same Note as above for the
   // missing `override`.
   bool supportsCoalescing() const { return true; }  // NOLINT(modernize-use-override)
@@ -189,6 +199,10 @@ class ProcessGroupBraid : public compat::BackendBase {
   // Shared with the jobs, which may finish on a caller's thread.
   std::shared_ptr<FirstError> firstError_ = std::make_shared<FirstError>();
   std::atomic<uint64_t> launched_{0};
+  // The group's registered regions, once registeredEmpty() ran (its engine's
+  // group owns the table; Note [Registered buffers]).
+  mutable std::mutex regionsMu_;
+  std::shared_ptr<collectives::RegionTable> regions_;
   std::mutex coalesceMu_;
   // Read without the lock on every op (tracked()); changed under it.
   std::atomic<bool> coalescing_{false};

@@ -158,7 +158,7 @@ void Reducer::buildBuckets(const std::vector<size_t>& order) {
       total += bucket.lengths.back();
     }
     const at::Tensor& first = params_[bucket.members.front()].tensor;
-    bucket.buffer = at::zeros({static_cast<int64_t>(total)}, first.options());
+    bucket.buffer = allocateBucket(static_cast<int64_t>(total), first.options());
     bucket.averageInAllreduce =
         groupAveragesExactly_ && first.device().is_cpu() &&
         (first.scalar_type() == at::kFloat || first.scalar_type() == at::kDouble);
@@ -192,6 +192,22 @@ void Reducer::buildBuckets(const std::vector<size_t>& order) {
   buckets_ = std::move(buckets);
   BRAID_LOG(kDebug, "ddp", rank_) << "built " << buckets_.size() << " buckets for "
                                   << params_.size() << " parameters";
+}
+
+// Note [Registered buffers] (collectives/shm/registered.h): on a braid group,
+// CPU buckets live in memory every rank maps, and their allreduce reads and
+// writes the peers' buckets in place. Buckets are built alike on every rank
+// (at construction, and at the rebuild, in the order rank 0 broadcast), as
+// the collective allocation needs; the old buckets, freed alike, release
+// their regions on every rank.
+at::Tensor Reducer::allocateBucket(int64_t numel, const at::TensorOptions& options) {
+  if (options.device().is_cpu()) {
+    if (auto* braid = dynamic_cast<ProcessGroupBraid*>(
+            compat::backendFor(pg_, c10::DeviceType::CPU))) {
+      return braid->registeredEmpty(numel, c10::typeMetaToScalarType(options.dtype()));
+    }
+  }
+  return at::zeros({numel}, options);
 }
 
 bool Reducer::tracksUse() const { return options_.find_unused_parameters || options_.static_graph; }
@@ -351,6 +367,14 @@ std::vector<bool> Reducer::bucketsAveragedInAllreduce() const {
   std::lock_guard<std::mutex> lock(mutex_);
   std::vector<bool> out;
   for (const auto& b : buckets_) out.push_back(averagesInAllreduce(b));
+  return out;
+}
+
+std::vector<bool> Reducer::bucketsRegistered() const {
+  std::lock_guard<std::mutex> lock(mutex_);
+  auto* braid = dynamic_cast<ProcessGroupBraid*>(compat::backendFor(pg_, c10::DeviceType::CPU));
+  std::vector<bool> out;
+  for (const auto& b : buckets_) out.push_back(braid && braid->isRegistered(b.buffer));
   return out;
 }
 

@@ -65,7 +65,10 @@ class Reducer {
   std::vector<std::vector<size_t>> bucketIndices() const;
   // Per bucket: whether its allreduce averages (Note [Averaging inside the
   // allreduce]), given the hook registered now.
-  std::vector<bool> bucketsAveragedInAllreduce() const;  // param indices per bucket
+  std::vector<bool> bucketsAveragedInAllreduce() const;
+  // Per bucket: whether its memory is registered with the group (Note
+  // [Registered buffers]), so that its allreduce works in the peers' buckets.
+  std::vector<bool> bucketsRegistered() const;  // param indices per bucket
   bool bucketsRebuilt() const;
   int64_t syncedIterations() const;
   const std::vector<std::string>& names() const { return names_; }
@@ -92,6 +95,7 @@ class Reducer {
   };
 
   void buildBuckets(const std::vector<size_t>& order);
+  at::Tensor allocateBucket(int64_t numel, const at::TensorOptions& options);
   void autogradHook(size_t index);
   void markReady(size_t index, bool locallyUnused = false);
   void copyGradToBucket(size_t index, bool locallyUnused);

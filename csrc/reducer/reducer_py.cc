@@ -84,6 +84,7 @@ BRAID_PY_PART(reducer, m) {
       .def("bucket_indices", &Reducer::bucketIndices, Release())
       .def("buckets_rebuilt", &Reducer::bucketsRebuilt, Release())
       .def("buckets_averaged_in_allreduce", &Reducer::bucketsAveragedInAllreduce, Release())
+      .def("buckets_registered", &Reducer::bucketsRegistered, Release())
       .def("synced_iterations", &Reducer::syncedIterations, Release());
 
   m.def("_ddp_verify_params", &braid::verifyParamsAcrossRanks, py::arg("process_group"),

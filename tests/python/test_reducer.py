@@ -324,7 +324,9 @@ def _average_bits(ctx, view, dtype, group="default", hook=None):
     n, rank = ctx.size, ctx.rank
     dt = getattr(torch, dtype)
     torch.manual_seed(100)
-    local = Mlp(hidden=37).to(dt)  # odd sizes: shares of unequal lengths
+    # odd sizes, shares of unequal lengths; fc1's bucket (6 x 3001 + 3001 elements) is past the
+    # one-shot threshold, so it takes the registered path (Note [Registered buffers])
+    local = Mlp(hidden=3001).to(dt)
     ddp = DistributedDataParallel(local, process_group=pg, gradient_as_bucket_view=view)
     if hook:
         _register_hook(ddp, hook, pg)
@@ -349,6 +351,7 @@ def _average_bits(ctx, view, dtype, group="default", hook=None):
                  f"max abs diff {(p.grad - want).abs().max().item():.3g}")
     rep = chk.report()
     rep["averaged"] = ddp._reducer.buckets_averaged_in_allreduce()
+    rep["registered"] = ddp._reducer.buckets_registered()
     return rep
 
 
@@ -435,6 +438,7 @@ def test_average_bits(world, view, dtype):
     fused = n & (n - 1) == 0 and dtype != "bfloat16"
     for rep in reports:
         assert rep["averaged"] == [fused] * len(rep["averaged"]), rep
+        assert rep["registered"] and all(rep["registered"]), rep
 
 
 @W2
@@ -445,6 +449,9 @@ def test_average_bits_divides_first(world, group, hook):
     H.check_reports(reports)
     for rep in reports:
         assert rep["averaged"] and not any(rep["averaged"]), rep
+        # braid's buckets are registered with or without a hook; gloo's are ordinary memory
+        assert rep["registered"] == [group == "default" and H.BACKEND == "braid"] * len(
+            rep["registered"]), rep
 
 
 @W2
