@@ -12,11 +12,13 @@ namespace {
 BRAID_SETTING_STRING(kCudaExecutor, "BRAID_CUDA_EXECUTOR", "auto",
                      "How a group runs CUDA tensors: auto (NCCL when every rank has its own GPU "
                      "and the same NCCL; braid's same-GPU collectives when all ranks share one "
-                     "GPU; else staged through host memory), nccl (NCCL or an error saying why "
-                     "not), same-gpu (or an error) or staged. Equal on every rank.");
+                     "GPU; hierarchical (same-GPU within each GPU, NCCL between the GPUs' "
+                     "leaders) when several GPUs each hold the same number of ranks; else staged "
+                     "through host memory), nccl (NCCL or an error saying why not), same-gpu "
+                     "(or an error), hier (or an error) or staged. Equal on every rank.");
 
 bool validSetting(const std::string& s) {
-  return s == "auto" || s == "nccl" || s == "staged" || s == "same-gpu";
+  return s == "auto" || s == "nccl" || s == "staged" || s == "same-gpu" || s == "hier";
 }
 
 std::string versionText(int v) {
@@ -26,12 +28,26 @@ std::string versionText(int v) {
 
 }  // namespace
 
+HierLayout hierLayoutOf(const std::vector<CudaRankInfo>& ranks) {
+  HierLayout l;
+  std::map<std::string, int> gpuOfUuid;
+  for (size_t r = 0; r < ranks.size(); ++r) {
+    auto it = gpuOfUuid.emplace(ranks[r].uuid, static_cast<int>(l.ranksOn.size())).first;
+    if (it->second == static_cast<int>(l.ranksOn.size())) l.ranksOn.emplace_back();
+    l.gpuOf.push_back(it->second);
+    l.ranksOn[it->second].push_back(static_cast<int>(r));
+  }
+  return l;
+}
+
 const char* toString(CudaExecutorKind k) {
   switch (k) {
     case CudaExecutorKind::kNccl:
       return "nccl";
     case CudaExecutorKind::kSameGpu:
       return "same-gpu";
+    case CudaExecutorKind::kHier:
+      return "hier";
     case CudaExecutorKind::kStaged:
       break;
   }
@@ -58,7 +74,7 @@ CudaRankInfo CudaRankInfo::decode(const std::string& s, int rank) {
 std::string cudaExecutorSetting(int rank) {
   std::string v = kCudaExecutor.get();
   BRAID_ENFORCE(validSetting(v), "init", rank, "BRAID_CUDA_EXECUTOR='", v,
-                "' is not one of auto, nccl, same-gpu, staged");
+                "' is not one of auto, nccl, same-gpu, hier, staged");
   return v;
 }
 
@@ -68,7 +84,7 @@ CudaExecutorChoice chooseCudaExecutor(const std::vector<CudaRankInfo>& ranks, in
   for (size_t r = 0; r < ranks.size(); ++r) {
     BRAID_ENFORCE(validSetting(ranks[r].setting), "init", rank, "rank ", r,
                   " runs with BRAID_CUDA_EXECUTOR='", ranks[r].setting,
-                  "', not one of auto, nccl, same-gpu, staged");
+                  "', not one of auto, nccl, same-gpu, hier, staged");
     BRAID_ENFORCE(ranks[r].setting == setting, "init", rank,
                   "the ranks must agree on BRAID_CUDA_EXECUTOR: rank 0 runs with '", setting,
                   "', rank ", r, " with '", ranks[r].setting, "'");
@@ -81,6 +97,8 @@ CudaExecutorChoice chooseCudaExecutor(const std::vector<CudaRankInfo>& ranks, in
   // bound by host memory.
   bool oneGpu = ranks.size() > 1;
   for (size_t r = 1; r < ranks.size() && oneGpu; ++r) oneGpu = ranks[r].uuid == ranks[0].uuid;
+  BRAID_ENFORCE(setting != "hier" || !oneGpu, "init", rank, "BRAID_CUDA_EXECUTOR=hier, but all ",
+                ranks.size(), " ranks share GPU ", ranks[0].uuid, "; use same-gpu or auto");
   if (setting == "same-gpu" || (setting == "auto" && oneGpu)) {
     BRAID_ENFORCE(oneGpu, "init", rank, "BRAID_CUDA_EXECUTOR=same-gpu, but the ranks do not all "
                   "share one GPU (rank 0 has ", ranks[0].uuid, ranks.size() > 1 ? strCat(
@@ -109,12 +127,65 @@ CudaExecutorChoice chooseCudaExecutor(const std::vector<CudaRankInfo>& ranks, in
                    ", and NCCL refuses mismatched versions in one communicator");
     }
   }
-  if (why.empty()) {
+  const HierLayout layout = hierLayoutOf(ranks);
+  const size_t gpus = layout.ranksOn.size();
+  const bool shared = gpus < ranks.size();  // some GPU holds two ranks or more
+  if (why.empty() && setting != "hier") {
     return {CudaExecutorKind::kNccl,
             strCat("every rank has its own GPU and NCCL ", versionText(ranks[0].ncclVersion))};
   }
   BRAID_ENFORCE(setting != "nccl", "init", rank, "BRAID_CUDA_EXECUTOR=nccl, but ", why,
                 "; use auto or staged");
+  // Several GPUs, some shared: hierarchical (Note [Hierarchical CUDA
+  // collectives] in hier.h) where the layout allows it.
+  std::string whyNotHier;
+  const size_t perGpu = layout.ranksOn[0].size();
+  if (gpus == 1) {
+    whyNotHier = strCat("all ", ranks.size(), " ranks share GPU ", ranks[0].uuid,
+                        " (use same-gpu)");
+  } else if (!shared) {
+    whyNotHier = "every rank has its own GPU (use nccl)";
+  }
+  for (size_t g = 1; g < gpus && whyNotHier.empty(); ++g) {
+    if (layout.ranksOn[g].size() != perGpu) {
+      whyNotHier = strCat("the hierarchical executor needs the same number of ranks on every GPU, "
+                          "and GPU ", ranks[layout.ranksOn[0][0]].uuid, " holds ", perGpu,
+                          " (rank ", layout.ranksOn[0][0], " first) where GPU ",
+                          ranks[layout.ranksOn[g][0]].uuid, " holds ", layout.ranksOn[g].size(),
+                          " (rank ", layout.ranksOn[g][0], " first)");
+    }
+  }
+  if (whyNotHier.empty() && perGpu > static_cast<size_t>(kHierMaxRanksPerGpu)) {
+    whyNotHier = strCat(perGpu, " ranks per GPU, and the same-GPU collectives take at most ",
+                        kHierMaxRanksPerGpu);
+  }
+  const int leaderNccl = ranks[layout.ranksOn[0][0]].ncclVersion;
+  for (size_t g = 0; g < gpus && whyNotHier.empty(); ++g) {
+    const int leader = layout.ranksOn[g][0];
+    if (ranks[leader].ncclVersion == 0) {
+      whyNotHier = strCat("rank ", leader, ", the leader of GPU ", ranks[leader].uuid,
+                          ", cannot load NCCL (libnccl.so.2), which runs between the GPUs' "
+                          "leaders");
+    } else if (ranks[leader].ncclVersion != leaderNccl) {
+      whyNotHier = strCat("the GPUs' leaders load different NCCLs: rank ", layout.ranksOn[0][0],
+                          " NCCL ", versionText(leaderNccl), ", rank ", leader, " NCCL ",
+                          versionText(ranks[leader].ncclVersion));
+    }
+  }
+  if (whyNotHier.empty()) {
+    std::string leaders;
+    for (size_t g = 0; g < gpus; ++g) {
+      leaders += strCat(g ? ", " : "", layout.ranksOn[g][0]);
+    }
+    return {CudaExecutorKind::kHier,
+            strCat(ranks.size(), " ranks on ", gpus, " GPUs, ", perGpu,
+                   " per GPU: braid's same-GPU collectives within each GPU, NCCL ",
+                   versionText(leaderNccl), " between the GPUs' leaders (ranks ", leaders, ")")};
+  }
+  BRAID_ENFORCE(setting != "hier", "init", rank, "BRAID_CUDA_EXECUTOR=hier, but ", whyNotHier,
+                "; use auto or staged");
+  if (why.empty()) why = whyNotHier;
+  else if (shared) why = strCat(why, "; and ", whyNotHier);
   return {CudaExecutorKind::kStaged, why};
 }
 

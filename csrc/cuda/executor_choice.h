@@ -14,9 +14,15 @@
 //   GPU and all load the same NCCL; else staged, with the reason (which ranks
 //   share which GPU, which rank has no NCCL), except that a group whose ranks
 //   all share one GPU runs braid's same-GPU collectives (Note [Same-GPU
-//   collectives] in same_gpu.h). =nccl: NCCL, and an Error when it cannot run
-//   (naming why) instead of a silent fallback; =same-gpu likewise. =staged:
-//   staged.
+//   collectives] in same_gpu.h), and a group whose ranks share several
+//   GPUs, the same number on each (4 ranks on 2 GPUs), runs hierarchically
+//   (Note [Hierarchical CUDA collectives] in hier.h: same-GPU collectives
+//   within each GPU, NCCL between the GPUs' leaders, the lowest rank of
+//   each GPU) when every leader loads the same NCCL and no GPU holds more
+//   than 16 ranks. An uneven layout (3 ranks on one GPU, 1 on another) is
+//   staged, and the reason says which GPUs hold how many. =nccl: NCCL, and
+//   an Error when it cannot run (naming why) instead of a silent fallback;
+//   =same-gpu and =hier likewise. =staged: staged.
 // - The setting shapes every CUDA op of the group (Note [Settings that shape
 //   an op] in collectives/shm/plan.h), so the ranks must agree: it travels in
 //   CudaRankInfo, and a difference fails the group's creation on every rank,
@@ -32,12 +38,12 @@
 namespace braid {
 namespace cuda {
 
-enum class CudaExecutorKind { kNccl, kSameGpu, kStaged };
+enum class CudaExecutorKind { kNccl, kSameGpu, kHier, kStaged };
 const char* toString(CudaExecutorKind k);
 
 // What one rank contributes to the choice.
 struct CudaRankInfo {
-  std::string setting;  // BRAID_CUDA_EXECUTOR: "auto", "nccl", "same-gpu" or "staged"
+  std::string setting;  // BRAID_CUDA_EXECUTOR: "auto", "nccl", "same-gpu", "hier" or "staged"
   int ncclVersion = 0;  // NcclApi::version() of ncclLibrary(); 0: none loads
   std::string uuid;     // DeviceApi::deviceUuid of the rank's device
 
@@ -55,6 +61,17 @@ struct CudaExecutorChoice {
   CudaExecutorKind kind;
   std::string reason;  // for logs and torch_braid.info
 };
+
+// The ranks grouped by GPU (device UUID): GPUs numbered in the order of
+// their lowest rank, which leads the GPU (Note [Hierarchical CUDA
+// collectives] in hier.h).
+struct HierLayout {
+  std::vector<int> gpuOf;                 // rank -> GPU
+  std::vector<std::vector<int>> ranksOn;  // GPU -> its ranks, ascending
+};
+HierLayout hierLayoutOf(const std::vector<CudaRankInfo>& ranks);
+// The same-GPU collectives' limit (samegpu::kMaxRanks).
+constexpr int kHierMaxRanksPerGpu = 16;
 
 // `ranks[r]` is rank r's info; `rank` is the caller's, for messages. Throws
 // braid::Error when the ranks' settings differ, or when "nccl" is asked for

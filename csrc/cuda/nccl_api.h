@@ -150,8 +150,14 @@ class NcclApi {
   // the staged path. The answer depends only on the NcclApi, which the
   // executor choice makes the same kind on every rank (Note [Choosing a CUDA
   // executor]), so the ranks all take the same path.
+  // NCCL's own collectives may be missing too: braid's hierarchical
+  // collectives (Note [Hierarchical CUDA collectives] in hier.h) run only
+  // allreduce and broadcast, and hasCore() says so (the default: all); the
+  // executor and the backend treat a missing one as above (staged).
   enum class Extra { kGather, kScatter, kAllToAll };
   virtual bool supports(Extra) const { return false; }
+  enum class Core { kReduce, kAllGather, kReduceScatter, kSendRecv };
+  virtual bool hasCore(Core) const { return true; }
   // `recvs`: the root's nranks outputs of `count` elements, rank order
   // (ignored elsewhere).
   virtual NcclResult gather(const void* /*send*/, void* const* /*recvs*/, size_t /*count*/,

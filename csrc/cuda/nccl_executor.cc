@@ -82,7 +82,20 @@ bool extraOf(NcclOpKind k, NcclApi::Extra* e) {
 
 bool apiSupports(const NcclApi& nccl, NcclOpKind k) {
   NcclApi::Extra e;
-  return !extraOf(k, &e) || nccl.supports(e);
+  if (extraOf(k, &e)) return nccl.supports(e);
+  switch (k) {
+    case NcclOpKind::kReduce:
+      return nccl.hasCore(NcclApi::Core::kReduce);
+    case NcclOpKind::kAllgather:
+      return nccl.hasCore(NcclApi::Core::kAllGather);
+    case NcclOpKind::kReduceScatter:
+      return nccl.hasCore(NcclApi::Core::kReduceScatter);
+    case NcclOpKind::kSend:
+    case NcclOpKind::kRecv:
+      return nccl.hasCore(NcclApi::Core::kSendRecv);
+    default:
+      return true;  // allreduce, broadcast: every NcclApi has them
+  }
 }
 
 void checkOp(const NcclApi& nccl, const NcclOp& op, int rank, int size) {

@@ -63,6 +63,62 @@ TEST(CudaExecutorChoice, SharedGpuIsStaged) {
   EXPECT_TRUE(contains(c.reason, "Duplicate GPU detected")) << c.reason;
 }
 
+// Note [Hierarchical CUDA collectives]: several GPUs, each shared by the
+// same number of ranks.
+TEST(CudaExecutorChoice, EvenSharedGpusRunHierarchically) {
+  auto c = chooseCudaExecutor({info("a"), info("a"), info("b"), info("b")}, 0);
+  EXPECT_EQ(c.kind, CudaExecutorKind::kHier);
+  EXPECT_TRUE(contains(c.reason, "4 ranks on 2 GPUs, 2 per GPU")) << c.reason;
+  EXPECT_TRUE(contains(c.reason, "NCCL 2.28.9 between the GPUs' leaders (ranks 0, 2)")) << c.reason;
+  // Interleaved ranks and three GPUs: leaders are each GPU's lowest rank.
+  c = chooseCudaExecutor({info("a"), info("b"), info("c"), info("a"), info("b"), info("c")}, 0);
+  EXPECT_EQ(c.kind, CudaExecutorKind::kHier);
+  EXPECT_TRUE(contains(c.reason, "6 ranks on 3 GPUs, 2 per GPU")) << c.reason;
+  EXPECT_TRUE(contains(c.reason, "(ranks 0, 1, 2)")) << c.reason;
+  HierLayout l = hierLayoutOf({info("a"), info("b"), info("c"), info("a"), info("b"), info("c")});
+  EXPECT_EQ(l.gpuOf, (std::vector<int>{0, 1, 2, 0, 1, 2}));
+  EXPECT_EQ(l.ranksOn, (std::vector<std::vector<int>>{{0, 3}, {1, 4}, {2, 5}}));
+  // Only the leaders need NCCL.
+  EXPECT_EQ(chooseCudaExecutor({info("a"), info("a", 0), info("b"), info("b", 0)}, 0).kind,
+            CudaExecutorKind::kHier);
+  // The other layouts keep their executors.
+  EXPECT_EQ(chooseCudaExecutor({info("a"), info("a"), info("a"), info("a")}, 0).kind,
+            CudaExecutorKind::kSameGpu);
+  EXPECT_EQ(chooseCudaExecutor({info("a"), info("b"), info("c"), info("d")}, 0).kind,
+            CudaExecutorKind::kNccl);
+  EXPECT_EQ(chooseCudaExecutor({info("a", 22809, "staged"), info("a", 22809, "staged"),
+                                info("b", 22809, "staged"), info("b", 22809, "staged")}, 0).kind,
+            CudaExecutorKind::kStaged);
+  EXPECT_EQ(chooseCudaExecutor({info("a", 22809, "hier"), info("a", 22809, "hier"),
+                                info("b", 22809, "hier"), info("b", 22809, "hier")}, 0).kind,
+            CudaExecutorKind::kHier);
+  EXPECT_STREQ(toString(CudaExecutorKind::kHier), "hier");
+}
+
+TEST(CudaExecutorChoice, UnevenOrNcclLessLayoutsAreStagedWithTheReason) {
+  auto c = chooseCudaExecutor({info("a"), info("a"), info("a"), info("b")}, 0);
+  EXPECT_EQ(c.kind, CudaExecutorKind::kStaged);
+  EXPECT_TRUE(contains(c.reason, "ranks 0 and 1 share GPU a")) << c.reason;
+  EXPECT_TRUE(contains(c.reason, "the same number of ranks on every GPU, and GPU a holds 3 (rank 0 "
+                                 "first) where GPU b holds 1 (rank 3 first)")) << c.reason;
+  // A leader without NCCL.
+  c = chooseCudaExecutor({info("a"), info("a"), info("b", 0), info("b")}, 0);
+  EXPECT_EQ(c.kind, CudaExecutorKind::kStaged);
+  EXPECT_TRUE(contains(c.reason, "rank 2, the leader of GPU b, cannot load NCCL")) << c.reason;
+  c = chooseCudaExecutor({info("a"), info("a"), info("b", 22703), info("b", 22703)}, 0);
+  EXPECT_EQ(c.kind, CudaExecutorKind::kStaged);
+  EXPECT_TRUE(contains(c.reason, "rank 0 NCCL 2.28.9, rank 2 NCCL 2.27.3")) << c.reason;
+  // =hier where it cannot run is an error saying why.
+  auto hier = [](const char* uuid) { return info(uuid, 22809, "hier"); };
+  std::string e = errorOf({hier("a"), hier("a"), hier("a"), hier("b")});
+  EXPECT_TRUE(contains(e, "BRAID_CUDA_EXECUTOR=hier, but the hierarchical executor needs the same "
+                          "number of ranks on every GPU")) << e;
+  e = errorOf({hier("a"), hier("b")});
+  EXPECT_TRUE(contains(e, "BRAID_CUDA_EXECUTOR=hier, but every rank has its own GPU")) << e;
+  e = errorOf({hier("a"), hier("a")});
+  EXPECT_TRUE(contains(e, "BRAID_CUDA_EXECUTOR=hier, but all 2 ranks share GPU a")) << e;
+}
+
 TEST(CudaExecutorChoice, NoNcclOrMismatchedVersionsIsStaged) {
   auto c = chooseCudaExecutor({info("a"), info("b", 0)}, 0);
   EXPECT_EQ(c.kind, CudaExecutorKind::kStaged);
@@ -87,7 +143,7 @@ TEST(CudaExecutorChoice, RanksMustAgreeOnTheSetting) {
   std::string e = errorOf({info("a"), info("b", 22809, "staged")});
   EXPECT_TRUE(contains(e, "rank 0 runs with 'auto', rank 1 with 'staged'")) << e;
   e = errorOf({info("a", 22809, "fast")});
-  EXPECT_TRUE(contains(e, "'fast', not one of auto, nccl, same-gpu, staged")) << e;
+  EXPECT_TRUE(contains(e, "'fast', not one of auto, nccl, same-gpu, hier, staged")) << e;
 }
 
 TEST(CudaExecutorChoice, InfoRoundTripsThroughTheStore) {

@@ -1,0 +1,366 @@
+// The hierarchical collectives as an NcclApi: Note [Hierarchical CUDA
+// collectives] in hier.h.
+#include "cuda/hier.h"
+
+#include <atomic>
+#include <cstring>
+#include <map>
+#include <mutex>
+#include <random>
+#include <thread>
+#include <vector>
+
+#include "common/error.h"
+#include "cuda/same_gpu.h"
+
+namespace braid {
+namespace cuda {
+namespace {
+
+constexpr uint64_t kMagic = 0x7265696864696172ULL;  // the unique id's mark
+
+// One rank's communicator: its GPU's same-GPU one, and the leaders' NCCL one
+// (leaders only).
+struct HierComm {
+  NcclComm inner = nullptr;
+  NcclComm lead = nullptr;
+  int gpu = 0;
+  int local = 0;  // this rank's place on its GPU; 0: the leader
+  std::mutex mu;
+  std::string lastError;
+  std::map<NcclRedOp, NcclRedOp> premul;  // ours -> the inner communicator's
+};
+
+bool isFloat(NcclDataType t) {
+  return t == kNcclFloat16 || t == kNcclFloat32 || t == kNcclFloat64 || t == kNcclBfloat16;
+}
+
+// The worse of two results: an error, else in progress, else success.
+NcclResult worse(NcclResult a, NcclResult b) {
+  if (a != kNcclSuccess && a != kNcclInProgress) return a;
+  if (b != kNcclSuccess && b != kNcclInProgress) return b;
+  return a == kNcclInProgress ? a : b;
+}
+
+class Hier final : public NcclApi {
+ public:
+  Hier(DeviceApi& dev, NcclApi& leaders, transport::Store& store, std::string prefix,
+       HierLayout layout, std::chrono::milliseconds timeout)
+      : dev_(dev),
+        inner_(sameGpuCollectives(dev)),
+        leaders_(leaders),
+        store_(store),
+        prefix_(std::move(prefix)),
+        layout_(std::move(layout)),
+        timeout_(timeout) {}
+
+  std::string name() const override {
+    return strCat("braid hierarchical collectives (", layout_.gpuOf.size(), " ranks on ",
+                  layout_.ranksOn.size(), " GPUs; same-GPU within, ", leaders_.name(),
+                  " between)");
+  }
+  bool simulated() const override { return dev_.simulated(); }
+  int version() override { return leaders_.version(); }
+  const char* getErrorString(NcclResult r) override { return ncclResultName(r); }
+  std::string lastError(NcclComm comm) override {
+    if (!comm) return "";
+    HierComm& c = *static_cast<HierComm*>(comm);
+    std::lock_guard<std::mutex> lock(c.mu);
+    return c.lastError;
+  }
+
+  // Only a nonce: the sub-communicators' ids travel through the store.
+  NcclResult getUniqueId(NcclUniqueId* id) override {
+    std::memset(id->internal, 0, sizeof(id->internal));
+    std::memcpy(id->internal, &kMagic, sizeof(kMagic));
+    std::random_device rd;
+    for (int i = 0; i < 4; ++i) {
+      const uint32_t v = rd();
+      std::memcpy(id->internal + sizeof(kMagic) + 4 * i, &v, 4);
+    }
+    return kNcclSuccess;
+  }
+
+  NcclResult commInitRank(NcclComm* comm, int nranks, const NcclUniqueId& id, int rank,
+                          bool blocking) override {
+    *comm = nullptr;
+    uint64_t magic = 0;
+    std::memcpy(&magic, id.internal, sizeof(magic));
+    if (magic != kMagic || nranks != static_cast<int>(layout_.gpuOf.size()) || rank < 0 ||
+        rank >= nranks) {
+      return kNcclInvalidArgument;
+    }
+    static const char* hex = "0123456789abcdef";
+    std::string nonce;
+    for (int i = 0; i < 16; ++i) {
+      const auto b = static_cast<uint8_t>(id.internal[sizeof(magic) + i]);
+      nonce += hex[b >> 4];
+      nonce += hex[b & 15];
+    }
+    auto c = std::make_unique<HierComm>();
+    c->gpu = layout_.gpuOf[rank];
+    const std::vector<int>& mine = layout_.ranksOn[c->gpu];
+    while (mine[c->local] != rank) ++c->local;
+    const bool leader = c->local == 0;
+    // The same-GPU id, made by the GPU's leader; the leaders' NCCL id, made
+    // by rank 0 (GPU 0's leader).
+    NcclUniqueId innerId, leadId;
+    NcclResult r =
+        exchange(inner_, leader, strCat(prefix_, "hier/", nonce, "/gpu/", c->gpu), &innerId);
+    if (r != kNcclSuccess) return r;
+    if (leader) {
+      r = exchange(leaders_, c->gpu == 0, strCat(prefix_, "hier/", nonce, "/leaders"), &leadId);
+      if (r != kNcclSuccess) return r;
+    }
+    r = inner_.commInitRank(&c->inner, static_cast<int>(mine.size()), innerId, c->local, blocking);
+    if (r != kNcclSuccess && r != kNcclInProgress) {
+      if (c->inner) inner_.commAbort(c->inner);
+      return r;
+    }
+    if (leader) {
+      NcclResult l = leaders_.commInitRank(&c->lead, static_cast<int>(layout_.ranksOn.size()),
+                                           leadId, c->gpu, blocking);
+      if (l != kNcclSuccess && l != kNcclInProgress) {
+        if (c->lead) leaders_.commAbort(c->lead);
+        inner_.commAbort(c->inner);
+        return l;
+      }
+      r = worse(r, l);
+    }
+    *comm = c.release();
+    return r;
+  }
+
+  NcclResult commDestroy(NcclComm comm) override {
+    HierComm* c = static_cast<HierComm*>(comm);
+    NcclResult r = kNcclSuccess;
+    if (c->lead) r = leaders_.commDestroy(c->lead);
+    if (c->inner) r = worse(inner_.commDestroy(c->inner), r);
+    delete c;
+    return r;
+  }
+  NcclResult commAbort(NcclComm comm) override {
+    HierComm* c = static_cast<HierComm*>(comm);
+    NcclResult r = kNcclSuccess;
+    if (c->lead) r = leaders_.commAbort(c->lead);
+    if (c->inner) r = worse(inner_.commAbort(c->inner), r);
+    delete c;
+    return r;
+  }
+  NcclResult commGetAsyncError(NcclComm comm, NcclResult* asyncError) override {
+    HierComm& c = *static_cast<HierComm*>(comm);
+    NcclResult in = kNcclSuccess, lead = kNcclSuccess;
+    NcclResult r = inner_.commGetAsyncError(c.inner, &in);
+    if (r != kNcclSuccess) in = r;
+    if (in != kNcclSuccess && in != kNcclInProgress) {
+      note(c, strCat("within ", gpuText(c.gpu), ": ", inner_.lastError(c.inner)));
+    } else if (c.lead) {
+      r = leaders_.commGetAsyncError(c.lead, &lead);
+      if (r != kNcclSuccess) lead = r;
+      if (lead != kNcclSuccess && lead != kNcclInProgress) {
+        note(c, strCat("between the GPUs' leaders: ", leaders_.lastError(c.lead)));
+      }
+    }
+    *asyncError = worse(in, lead);
+    return kNcclSuccess;
+  }
+  void setTimeout(NcclComm comm, std::chrono::milliseconds t) override {
+    HierComm& c = *static_cast<HierComm*>(comm);
+    inner_.setTimeout(c.inner, t);
+    if (c.lead) leaders_.setTimeout(c.lead, t);
+  }
+
+  // Not passed on (Note [Hierarchical CUDA collectives]).
+  NcclResult groupStart() override { return kNcclSuccess; }
+  NcclResult groupEnd() override { return kNcclSuccess; }
+
+  NcclResult allReduce(const void* send, void* recv, size_t count, NcclDataType type, NcclRedOp op,
+                       NcclComm comm, Stream s) override {
+    HierComm& c = *static_cast<HierComm*>(comm);
+    NcclRedOp innerOp = op, leadOp = op;
+    if (op == kNcclAvg && !isFloat(type)) {
+      return fail(c, kNcclInvalidUsage, "AVG of integers is not one of braid's hierarchical "
+                                        "collectives");
+    }
+    if (op > kNcclAvg) {  // a PREMUL_SUM made here
+      std::lock_guard<std::mutex> lock(c.mu);
+      auto it = c.premul.find(op);
+      if (it == c.premul.end()) return kNcclInvalidArgument;
+      innerOp = it->second;
+      leadOp = kNcclSum;
+    }
+    if (count == 0) return kNcclSuccess;
+    NcclResult r = step(c, inner_.reduce(send, recv, count, type, innerOp, 0, c.inner, s),
+                        "reducing within", c.inner, inner_);
+    if (r != kNcclSuccess) return r;
+    if (c.lead) {
+      r = step(c, leaders_.allReduce(recv, recv, count, type, leadOp, c.lead, s),
+               "allreducing between the GPUs' leaders, from", c.lead, leaders_);
+      if (r != kNcclSuccess) return r;
+    }
+    return step(c, inner_.broadcast(recv, recv, count, type, 0, c.inner, s),
+                "broadcasting within", c.inner, inner_);
+  }
+
+  NcclResult broadcast(const void* send, void* recv, size_t count, NcclDataType type, int root,
+                       NcclComm comm, Stream s) override {
+    HierComm& c = *static_cast<HierComm*>(comm);
+    if (root < 0 || root >= static_cast<int>(layout_.gpuOf.size())) return kNcclInvalidArgument;
+    if (count == 0) return kNcclSuccess;
+    const int rootGpu = layout_.gpuOf[root];
+    NcclResult r;
+    if (c.gpu == rootGpu) {
+      const std::vector<int>& mine = layout_.ranksOn[c.gpu];
+      int rootLocal = 0;
+      while (mine[rootLocal] != root) ++rootLocal;
+      r = step(c, inner_.broadcast(send, recv, count, type, rootLocal, c.inner, s),
+               "broadcasting within the root's", c.inner, inner_);
+      if (r != kNcclSuccess) return r;
+    }
+    if (c.lead) {
+      r = step(c, leaders_.broadcast(recv, recv, count, type, rootGpu, c.lead, s),
+               "broadcasting between the GPUs' leaders, from", c.lead, leaders_);
+      if (r != kNcclSuccess) return r;
+    }
+    if (c.gpu != rootGpu) {
+      return step(c, inner_.broadcast(recv, recv, count, type, 0, c.inner, s),
+                  "broadcasting within", c.inner, inner_);
+    }
+    return kNcclSuccess;
+  }
+
+  // Staged by the backend (hasCore, supports).
+  bool hasCore(Core) const override { return false; }
+  NcclResult reduce(const void*, void*, size_t, NcclDataType, NcclRedOp, int, NcclComm comm,
+                    Stream) override {
+    return unsupported(comm, "reduce");
+  }
+  NcclResult allGather(const void*, void*, size_t, NcclDataType, NcclComm comm, Stream) override {
+    return unsupported(comm, "allgather");
+  }
+  NcclResult reduceScatter(const void*, void*, size_t, NcclDataType, NcclRedOp, NcclComm comm,
+                           Stream) override {
+    return unsupported(comm, "reduce_scatter");
+  }
+  NcclResult send(const void*, size_t, NcclDataType, int, NcclComm comm, Stream) override {
+    return unsupported(comm, "send");
+  }
+  NcclResult recv(void*, size_t, NcclDataType, int, NcclComm comm, Stream) override {
+    return unsupported(comm, "recv");
+  }
+
+  // PREMUL_SUM: this rank's factor within its GPU (the same-GPU collectives
+  // scale the input as they copy it in), SUM among the leaders.
+  NcclResult redOpCreatePreMulSum(NcclRedOp* op, const void* scalar, NcclDataType type,
+                                  NcclComm comm) override {
+    HierComm& c = *static_cast<HierComm*>(comm);
+    NcclRedOp innerOp;
+    NcclResult r = inner_.redOpCreatePreMulSum(&innerOp, scalar, type, c.inner);
+    if (r != kNcclSuccess) return r;
+    std::lock_guard<std::mutex> lock(c.mu);
+    *op = nextPremul_.fetch_add(1);
+    c.premul[*op] = innerOp;
+    return kNcclSuccess;
+  }
+  NcclResult redOpDestroy(NcclRedOp op, NcclComm comm) override {
+    HierComm& c = *static_cast<HierComm*>(comm);
+    NcclRedOp innerOp;
+    {
+      std::lock_guard<std::mutex> lock(c.mu);
+      auto it = c.premul.find(op);
+      if (it == c.premul.end()) return kNcclInvalidArgument;
+      innerOp = it->second;
+      c.premul.erase(it);
+    }
+    return inner_.redOpDestroy(innerOp, c.inner);
+  }
+
+ private:
+  // Publishes (`make`) or fetches the id of one sub-communicator.
+  NcclResult exchange(NcclApi& api, bool make, const std::string& key, NcclUniqueId* id) {
+    if (make) {
+      NcclResult r = api.getUniqueId(id);
+      if (r != kNcclSuccess) return r;
+      store_.set(key, std::vector<uint8_t>(id->internal, id->internal + sizeof(id->internal)));
+      return kNcclSuccess;
+    }
+    std::vector<uint8_t> bytes;
+    try {
+      bytes = store_.get(key, timeout_);
+    } catch (const std::exception&) {
+      return kNcclSystemError;  // a GPU's leader (or rank 0) never came
+    }
+    if (bytes.size() != sizeof(id->internal)) return kNcclInternalError;
+    std::memcpy(id->internal, bytes.data(), bytes.size());
+    return kNcclSuccess;
+  }
+
+  // "GPU 1 (ranks 2, 3 as its local ranks 0, 1)": the same-GPU level's
+  // messages name local ranks.
+  std::string gpuText(int g) const {
+    std::string ranks, locals;
+    for (size_t q = 0; q < layout_.ranksOn[g].size(); ++q) {
+      ranks += strCat(q ? ", " : "", layout_.ranksOn[g][q]);
+      locals += strCat(q ? ", " : "", q);
+    }
+    return strCat("GPU ", g, " (ranks ", ranks, " as its local ranks ", locals, ")");
+  }
+  void note(HierComm& c, std::string text) {
+    std::lock_guard<std::mutex> lock(c.mu);
+    if (c.lastError.empty()) c.lastError = std::move(text);
+  }
+  NcclResult fail(HierComm& c, NcclResult r, std::string text) {
+    note(c, std::move(text));
+    return r;
+  }
+  // One level's call: an error keeps that level's text.
+  NcclResult step(HierComm& c, NcclResult r, const char* what, NcclComm sub, NcclApi& api) {
+    if (r == kNcclSuccess) return r;
+    if (r == kNcclInProgress) {
+      // A non-blocking NCCL that enqueues later: the next step must follow it.
+      NcclResult e = kNcclInProgress;
+      auto sleep = std::chrono::microseconds(20);
+      const auto deadline = std::chrono::steady_clock::now() + timeout_;
+      while (api.commGetAsyncError(sub, &e) == kNcclSuccess && e == kNcclInProgress) {
+        if (std::chrono::steady_clock::now() > deadline) {
+          return fail(c, kNcclSystemError, strCat(what, " ", gpuText(c.gpu), ": still in progress after ",
+                                                  timeout_.count(), " ms"));
+        }
+        std::this_thread::sleep_for(sleep);
+        if (sleep < std::chrono::microseconds(1000)) sleep *= 2;
+      }
+      if (e == kNcclSuccess) return e;
+      r = e;
+    }
+    return fail(c, r, strCat(what, " ", gpuText(c.gpu), ": ", api.lastError(sub)));
+  }
+  NcclResult unsupported(NcclComm comm, const char* what) {
+    if (comm) {
+      fail(*static_cast<HierComm*>(comm), kNcclInvalidUsage,
+           strCat(what, " is not one of braid's hierarchical collectives"));
+    }
+    return kNcclInvalidUsage;
+  }
+
+  DeviceApi& dev_;
+  NcclApi& inner_;
+  NcclApi& leaders_;
+  transport::Store& store_;
+  const std::string prefix_;
+  const HierLayout layout_;
+  const std::chrono::milliseconds timeout_;
+  std::atomic<NcclRedOp> nextPremul_{2000};
+};
+
+}  // namespace
+
+std::unique_ptr<NcclApi> hierarchicalCollectives(DeviceApi& dev, NcclApi& leaders,
+                                                 transport::Store& store, std::string storePrefix,
+                                                 HierLayout layout,
+                                                 std::chrono::milliseconds timeout) {
+  return std::make_unique<Hier>(dev, leaders, store, std::move(storePrefix), std::move(layout),
+                                timeout);
+}
+
+}  // namespace cuda
+}  // namespace braid
