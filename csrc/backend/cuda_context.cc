@@ -7,6 +7,7 @@
 #include "common/error.h"
 #include "common/logging.h"
 #include "common/settings.h"
+#include "cuda/hier.h"
 #include "cuda/nccl_api.h"
 #include "cuda/nccl_executor.h"
 #include "cuda/same_gpu.h"
@@ -244,8 +245,16 @@ void CudaContext::choose() {
   if (c.kind != cuda::CudaExecutorKind::kStaged) {
     // NCCL, or braid's same-GPU collectives behind the same seam (Note
     // [Same-GPU collectives] in cuda/same_gpu.h).
-    cuda::NcclApi& api =
-        c.kind == cuda::CudaExecutorKind::kNccl ? *nccl : cuda::sameGpuCollectives(api_);
+    // Hierarchical: the same-GPU collectives within each GPU, this NCCL
+    // between the GPUs' leaders (Note [Hierarchical CUDA collectives] in
+    // cuda/hier.h); the choice vouches that the leaders load it.
+    if (c.kind == cuda::CudaExecutorKind::kHier) {
+      hier_ = cuda::hierarchicalCollectives(api_, *nccl, *group_.store, "cuda/",
+                                            cuda::hierLayoutOf(infos), group_.timeout);
+    }
+    cuda::NcclApi& api = c.kind == cuda::CudaExecutorKind::kNccl   ? *nccl
+                         : c.kind == cuda::CudaExecutorKind::kHier ? *hier_
+                                                                    : cuda::sameGpuCollectives(api_);
     cuda::NcclExecutor::Options o;
     o.rank = rank_;
     o.size = group_.size;

@@ -126,6 +126,9 @@ class CudaContext : public std::enable_shared_from_this<CudaContext> {
   const c10::Device device_;
   std::once_flag chosen_;
   std::string choice_;
+  // The hierarchical collectives (kHier), before nccl_: the executor that
+  // uses them goes first.
+  std::unique_ptr<cuda::NcclApi> hier_;
   std::unique_ptr<cuda::NcclExecutor> nccl_;
   std::atomic<cuda::NcclExecutor*> ncclLive_{nullptr};  // nccl_, for abort() from any thread
   void choose();

@@ -15,6 +15,8 @@
 // callback holds them). Ops NCCL lacks (gather, scatter, the list forms,
 // bitwise reductions) take the staged path (Note [The staged CUDA executor]),
 // which orders itself on the same caller stream, so the two mix freely.
+// reduce, allgather and reduce_scatter come here only where the executor's
+// NcclApi has them (the hierarchical one does not: they are staged).
 // gather, scatter and alltoall (equal splits) come here too where the
 // executor's NcclApi has them (braid's same-GPU collectives, Note
 // [Collectives NCCL lacks] in cuda/nccl_api.h): the executor answers, the
@@ -28,6 +30,7 @@
 // the NCCL path and another down the staged one meet in that same step.
 
 #include <mutex>
+#include <string>
 
 #include "backend/cuda_context.h"
 #include "backend/cuda_op.h"
@@ -41,7 +44,16 @@ namespace braid {
 
 bool ProcessGroupBraid::onNccl(const at::Tensor& t, const char* op) {
   if (!t.is_cuda()) return false;
-  return cuda_->get(t.device(), op)->nccl() != nullptr;
+  cuda::NcclExecutor* n = cuda_->get(t.device(), op)->nccl();
+  if (n == nullptr) return false;
+  // NCCL's own collectives, which an executor may lack too (the
+  // hierarchical one runs allreduce and broadcast only, Note [Hierarchical
+  // CUDA collectives] in cuda/hier.h): those take the staged path.
+  const std::string name = op;
+  if (name == "reduce") return n->supports(cuda::NcclOpKind::kReduce);
+  if (name == "allgather") return n->supports(cuda::NcclOpKind::kAllgather);
+  if (name == "reduce_scatter") return n->supports(cuda::NcclOpKind::kReduceScatter);
+  return true;
 }
 
 bool ProcessGroupBraid::onNccl(const at::Tensor& t, const char* op, cuda::NcclOpKind kind) {

@@ -7,6 +7,7 @@
 #include "backend/process_group.h"
 #include "backend/python_parts.h"
 #include "backend/sim_cuda.h"
+#include "cuda/nccl_sim.h"
 
 namespace py = pybind11;
 
@@ -32,6 +33,15 @@ BRAID_PY_PART(sim_cuda, m) {
         braid::sim::delayCurrentStream(device, std::chrono::microseconds(us));
       },
       py::arg("device"), py::arg("us"));
+  m.def(
+      "_sim_nccl_install",
+      [] {
+        // Process lifetime: groups may use it until exit.
+        static auto* nccl = new braid::cuda::SimulatedNccl(braid::cudaApi());
+        braid::useSimulatedNccl(nccl);
+      },
+      "Test-only: groups on the simulated device use braid's simulated NCCL (ranks must be "
+      "threads of this process: its communicators meet in-process).");
   m.def(
       "_sim_delay_comm_stream",
       [](const braid::ProcessGroupBraid& pg, int64_t us) {
