@@ -72,6 +72,14 @@ class DistributedDataParallel(nn.Module):
         static_graph: the used parameters, and how often each is used, are
             learned in the first iteration and must not change.
 
+    On a braid group whose ranks share a host, CPU buckets live in memory
+    every rank maps (``BRAID_SHARED_BUFFERS``, on by default): each rank
+    reduces its slice of a bucket straight from its peers' buckets and writes
+    the result into them, reading and writing each bucket once (Note
+    [Registered buffers]). With a power-of-two world and float32/float64
+    buckets the allreduce also averages, instead of a divide pass over every
+    bucket, with the same bits (Note [Averaging inside the allreduce]).
+
     Differences from torch's DDP: gradients used during ``no_sync`` steps
     count as used for ``find_unused_parameters``, and buffers are not
     broadcast during ``no_sync`` steps.
