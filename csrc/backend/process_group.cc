@@ -247,7 +247,7 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupBraid::allreduce(std::vector<at::Tens
     d.redop = args::reduceOpOf(opts.reduceOp, d.dtype, "allreduce", rank, &factor);
     d.count = t.numel();
     d.shape = args::shapeOf(t);
-    if (onNccl(t, "allreduce") && cuda::ncclSupports(d.dtype, d.redop)) {
+    if (onNccl(t, "allreduce", cuda::NcclOpKind::kAllreduce, d.dtype, d.redop)) {
       return ncclLaunch(d, c10d::OpType::ALLREDUCE, "braid:allreduce", tensors, tensors,
                         cuda::NcclOpKind::kAllreduce, t.data_ptr(), t.data_ptr(), factor);
     }
@@ -350,7 +350,7 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupBraid::reduce(std::vector<at::Tensor>
     d.root = static_cast<int>(opts.rootRank);
     d.count = t.numel();
     d.shape = args::shapeOf(t);
-    if (onNccl(t, "reduce") && cuda::ncclSupports(d.dtype, d.redop)) {
+    if (onNccl(t, "reduce", cuda::NcclOpKind::kReduce, d.dtype, d.redop)) {
       return ncclLaunch(d, c10d::OpType::REDUCE, "braid:reduce", tensors, tensors,
                         cuda::NcclOpKind::kReduce, t.data_ptr(), t.data_ptr(), factor);
     }

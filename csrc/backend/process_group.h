@@ -161,6 +161,10 @@ class ProcessGroupBraid : public compat::BackendBase {
   // the executor's NcclApi has it (Note [Collectives NCCL lacks] in
   // cuda/nccl_api.h), else the staged path.
   bool onNccl(const at::Tensor& t, const char* op, cuda::NcclOpKind kind);
+  // A reduction: onNccl(t, op, kind), and the executor runs (dtype, redop)
+  // (NcclExecutor::supportsReduction).
+  bool onNccl(const at::Tensor& t, const char* op, cuda::NcclOpKind kind, DataType dtype,
+              ReduceOp redop);
   c10::intrusive_ptr<c10d::Work> ncclLaunch(const collectives::OpDesc& d, c10d::OpType type,
                                             const char* title, std::vector<at::Tensor> outputs,
                                             const std::vector<at::Tensor>& inputs,

@@ -65,7 +65,8 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupBraid::_reduce_scatter_base(
     d.count = output.numel();
     d.shape = args::shapeOf(output);
     args::checkSame({input}, d.dtype, output.numel() * n, "input", "reduce_scatter", rank);
-    if (onNccl(input, "reduce_scatter") && cuda::ncclSupports(d.dtype, d.redop)) {
+    if (onNccl(input, "reduce_scatter", cuda::NcclOpKind::kReduceScatter, d.dtype,
+               d.redop)) {
       return ncclLaunch(d, c10d::OpType::_REDUCE_SCATTER_BASE, "braid:_reduce_scatter_base",
                         {output}, {input}, cuda::NcclOpKind::kReduceScatter, input.data_ptr(),
                         output.data_ptr(), factor);

@@ -62,6 +62,13 @@ bool ProcessGroupBraid::onNccl(const at::Tensor& t, const char* op, cuda::NcclOp
   return n != nullptr && n->supports(kind);
 }
 
+bool ProcessGroupBraid::onNccl(const at::Tensor& t, const char* op, cuda::NcclOpKind kind,
+                               DataType dtype, ReduceOp redop) {
+  if (!t.is_cuda()) return false;
+  cuda::NcclExecutor* n = cuda_->get(t.device(), op)->nccl();
+  return n != nullptr && n->supportsReduction(kind, dtype, redop);
+}
+
 namespace {
 // A Work that completes when both of its halves have: the NCCL op on the
 // device, and the header check on the host. The check's error wins: it names

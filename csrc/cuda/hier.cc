@@ -229,6 +229,8 @@ class Hier final : public NcclApi {
     return kNcclSuccess;
   }
 
+  // As the same-GPU collectives': no AVG of integers (the backend stages it).
+  bool reduces(NcclDataType t, NcclRedOp op) const override { return op != kNcclAvg || isFloat(t); }
   // Staged by the backend (hasCore, supports).
   bool hasCore(Core) const override { return false; }
   NcclResult reduce(const void*, void*, size_t, NcclDataType, NcclRedOp, int, NcclComm comm,

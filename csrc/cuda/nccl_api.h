@@ -158,6 +158,10 @@ class NcclApi {
   virtual bool supports(Extra) const { return false; }
   enum class Core { kReduce, kAllGather, kReduceScatter, kSendRecv };
   virtual bool hasCore(Core) const { return true; }
+  // Likewise a reduction NCCL has but an implementation lacks for a type
+  // (braid's same-GPU and hierarchical collectives: AVG of integers): the
+  // backend asks NcclExecutor::supportsReduction and stages such ops.
+  virtual bool reduces(NcclDataType, NcclRedOp) const { return true; }
   // `recvs`: the root's nranks outputs of `count` elements, rank order
   // (ignored elsewhere).
   virtual NcclResult gather(const void* /*send*/, void* const* /*recvs*/, size_t /*count*/,

@@ -167,6 +167,12 @@ int NcclExecutor::rank() const { return state_->opt.rank; }
 
 bool NcclExecutor::supports(NcclOpKind kind) const { return apiSupports(state_->nccl, kind); }
 
+bool NcclExecutor::supportsReduction(NcclOpKind kind, DataType type, ReduceOp op) const {
+  if (!supports(kind) || !ncclSupports(type, op)) return false;
+  const NcclTypeOp t = ncclReductionFor(type, op, 0, ncclOpName(kind), state_->opt.rank);
+  return state_->nccl.reduces(t.type, t.op);
+}
+
 uint64_t NcclExecutor::opsIssued() {
   std::lock_guard<std::mutex> lock(state_->mu);
   return state_->opSeq;

@@ -202,6 +202,10 @@ class NcclExecutor {
   // gather, scatter and alltoall only where the NcclApi has them (Note
   // [Collectives NCCL lacks] in nccl_api.h). The same on every rank.
   bool supports(NcclOpKind kind) const;
+  // supports(kind), and NCCL and this executor's NcclApi both run the
+  // (dtype, reduce op): ncclSupports and NcclApi::reduces. The same on every
+  // rank.
+  bool supportsReduction(NcclOpKind kind, DataType type, ReduceOp op) const;
   // run() and runGroup() calls that passed the argument checks so far (the
   // op's number in errors): tests see which path an op took.
   uint64_t opsIssued();

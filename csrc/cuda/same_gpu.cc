@@ -152,6 +152,11 @@ class SameGpu final : public NcclApi {
                            NcclRedOp op, NcclComm comm, Stream s) override {
     return run(comm, [&](Comm& c) { reduceScatterOn(c, send, recv, recvCount, type, op, s); });
   }
+  // AVG divides in the kernel, which takes float types only.
+  bool reduces(NcclDataType t, NcclRedOp op) const override {
+    return op != kNcclAvg || t == kNcclFloat16 || t == kNcclFloat32 || t == kNcclFloat64 ||
+           t == kNcclBfloat16;
+  }
   // Note [Collectives NCCL lacks] in nccl_api.h: all three, here.
   bool supports(Extra) const override { return true; }
   NcclResult gather(const void* send, void* const* recvs, size_t count, NcclDataType type,

@@ -231,6 +231,13 @@ TEST_F(Hier, OpsItLacksAreRefusedForTheStagedPath) {
                          NcclOpKind::kScatter, NcclOpKind::kAllToAll}) {
       EXPECT_FALSE(ex.supports(k)) << ncclOpName(k);
     }
+    // AVG of integers too (the same-GPU kernels divide floats only).
+    EXPECT_FALSE(ex.supportsReduction(NcclOpKind::kAllreduce, DataType::kInt32, ReduceOp::kAvg));
+    EXPECT_TRUE(ex.supportsReduction(NcclOpKind::kAllreduce, DataType::kInt32, ReduceOp::kSum));
+    EXPECT_TRUE(ex.supportsReduction(NcclOpKind::kAllreduce, DataType::kBFloat16, ReduceOp::kAvg));
+    EXPECT_TRUE(
+        ex.supportsReduction(NcclOpKind::kAllreduce, DataType::kFloat32, ReduceOp::kPremulSum));
+    EXPECT_FALSE(ex.supportsReduction(NcclOpKind::kReduce, DataType::kFloat32, ReduceOp::kSum));
     DeviceBuffer b(DataType::kFloat32, 4, rank / 2);
     NcclOp o = op(NcclOpKind::kAllgather, b.p, b.p, 1, DataType::kFloat32);
     o.device = rank / 2;

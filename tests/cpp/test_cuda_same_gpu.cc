@@ -298,6 +298,13 @@ TEST_F(SameGpu, AnNcclApiWithoutThemRefusesThemClearly) {
   }
   EXPECT_EQ(ex.opsIssued(), 0u);
   EXPECT_EQ(ex.communicatorsCreated(), 0);
+  // NCCL averages integers; the same-GPU kernels divide floats only, so the
+  // backend stages integer AVG there (NcclApi::reduces).
+  EXPECT_TRUE(ex.supportsReduction(NcclOpKind::kAllreduce, DataType::kInt32, ReduceOp::kAvg));
+  NcclExecutor same(sameGpuCollectives(dev()), dev(), store, options(0, 2));
+  EXPECT_FALSE(same.supportsReduction(NcclOpKind::kAllreduce, DataType::kInt32, ReduceOp::kAvg));
+  EXPECT_TRUE(same.supportsReduction(NcclOpKind::kAllreduce, DataType::kFloat16, ReduceOp::kAvg));
+  EXPECT_TRUE(same.supportsReduction(NcclOpKind::kReduce, DataType::kInt32, ReduceOp::kMax));
 }
 
 // The buffer size chunks every op: ranks that disagree fail when the

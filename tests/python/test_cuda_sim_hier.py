@@ -8,7 +8,7 @@ here are threads, each with its own ProcessGroupBraid over one store, as
 tests/cpp/test_cuda_hier.cc's are. all_reduce (SUM, MAX, AVG) and broadcast are checked
 against closed forms at counts 0, 1, odd and several same-GPU halves, the executor's
 op counter shows they ran hierarchically, and gather, which the hierarchical executor
-lacks, is staged and still right.
+lacks (as allgather, reduce and AVG of integers), is staged and still right.
 """
 
 import datetime
@@ -132,6 +132,14 @@ def test_ops_it_lacks_are_staged():
         pg.reduce([t], ropts).wait()
         if r == 3:
             assert torch.equal(t.cpu(), sum(_value(torch, q, 9, torch.float32) for q in range(N)))
-        assert pg._cuda_executor_ops() == before, "gather, allgather and reduce were staged"
+        # AVG of integers: the same-GPU kernels divide floats only, so staged
+        # (the integer sum divided, truncating, as braid's CPU path does).
+        t = _value(torch, r, 11, torch.int32).to(cuda)
+        aopts = dist.AllreduceOptions()
+        aopts.reduceOp = dist.ReduceOp.AVG
+        pg.allreduce([t], aopts).wait()
+        total = sum(_value(torch, q, 11, torch.int32) for q in range(N))
+        assert torch.equal(t.cpu(), torch.div(total, N, rounding_mode="trunc").int())
+        assert pg._cuda_executor_ops() == before, "gather, allgather, reduce, int AVG were staged"
 
     _run_ranks(body)
