@@ -387,7 +387,7 @@ def rank_main(rank, args, n, store_dir):
         current = "gathering the results"
         executor = ""
         if ctx.dev.type == "cuda" and args.backend.endswith("braid"):
-            try:  # which executor served the CUDA ops (nccl, same-gpu or staged, and why)
+            try:  # which executor served the CUDA ops (nccl, same-gpu, hier or staged, and why)
                 pg = dist.distributed_c10d._get_default_group()
                 be = pg._get_backend(ctx.dev) if hasattr(pg, "_get_backend") else pg
                 executor = be._cuda_executor()

@@ -34,8 +34,8 @@
 //   each GPU (divided by k) and AVG among the leaders (divided by the number
 //   of GPUs): equal to the sum over n ranks divided by n because every GPU
 //   holds k ranks. PREMUL_SUM: this rank's factor within its GPU, SUM among
-//   the leaders. AVG of integers is not run (the same-GPU collectives lack
-//   it, as before).
+//   the leaders. AVG of integers is not run here (the same-GPU kernels
+//   divide floats only): reduces() says so and the backend stages it.
 // - Rounding: each level accumulates in fp32 for fp16/bf16 and rounds once
 //   (the CPU path's rule), so the result is rounded twice, not once: after
 //   the GPU's partial sum and after the leaders' sum. The error bound is
