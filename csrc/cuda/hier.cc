@@ -24,6 +24,7 @@ constexpr uint64_t kMagic = 0x7265696864696172ULL;  // the unique id's mark
 struct HierComm {
   NcclComm inner = nullptr;
   NcclComm lead = nullptr;
+  Event leadDone = nullptr;  // leaders: recorded after each NCCL step
   int gpu = 0;
   int local = 0;  // this rank's place on its GPU; 0: the leader
   std::mutex mu;
@@ -118,11 +119,18 @@ class Hier final : public NcclApi {
       return r;
     }
     if (leader) {
+      try {
+        c->leadDone = dev_.eventCreate(dev_.getDevice());
+      } catch (const std::exception&) {
+        inner_.commAbort(c->inner);
+        return kNcclUnhandledCudaError;
+      }
       NcclResult l = leaders_.commInitRank(&c->lead, static_cast<int>(layout_.ranksOn.size()),
                                            leadId, c->gpu, blocking);
       if (l != kNcclSuccess && l != kNcclInProgress) {
         if (c->lead) leaders_.commAbort(c->lead);
         inner_.commAbort(c->inner);
+        releaseEvent(c->leadDone);
         return l;
       }
       r = worse(r, l);
@@ -136,6 +144,7 @@ class Hier final : public NcclApi {
     NcclResult r = kNcclSuccess;
     if (c->lead) r = leaders_.commDestroy(c->lead);
     if (c->inner) r = worse(inner_.commDestroy(c->inner), r);
+    releaseEvent(c->leadDone);
     delete c;
     return r;
   }
@@ -144,6 +153,7 @@ class Hier final : public NcclApi {
     NcclResult r = kNcclSuccess;
     if (c->lead) r = leaders_.commAbort(c->lead);
     if (c->inner) r = worse(inner_.commAbort(c->inner), r);
+    releaseEvent(c->leadDone);
     delete c;
     return r;
   }
@@ -196,6 +206,7 @@ class Hier final : public NcclApi {
     if (c.lead) {
       r = step(c, leaders_.allReduce(recv, recv, count, type, leadOp, c.lead, s),
                "allreducing between the GPUs' leaders, from", c.lead, leaders_);
+      if (r == kNcclSuccess) r = confirm(c, s, "allreducing between the GPUs' leaders, from");
       if (r != kNcclSuccess) return r;
     }
     return step(c, inner_.broadcast(recv, recv, count, type, 0, c.inner, s),
@@ -220,6 +231,10 @@ class Hier final : public NcclApi {
     if (c.lead) {
       r = step(c, leaders_.broadcast(recv, recv, count, type, rootGpu, c.lead, s),
                "broadcasting between the GPUs' leaders, from", c.lead, leaders_);
+      // The root's GPU has its data already; the others read the leader's.
+      if (r == kNcclSuccess && c.gpu != rootGpu) {
+        r = confirm(c, s, "broadcasting between the GPUs' leaders, from");
+      }
       if (r != kNcclSuccess) return r;
     }
     if (c.gpu != rootGpu) {
@@ -335,6 +350,44 @@ class Hier final : public NcclApi {
       r = e;
     }
     return fail(c, r, strCat(what, " ", gpuText(c.gpu), ": ", api.lastError(sub)));
+  }
+  // Leaders: waits on the host until the NCCL step just enqueued on `s` has
+  // run, and fails when NCCL reported an error (Note [Hierarchical CUDA
+  // collectives]: an aborted NCCL kernel returns without an error on the
+  // stream, so the GPU's peers must not be let read the leader's buffer
+  // before its NCCL step is known good).
+  NcclResult confirm(HierComm& c, Stream s, const char* what) {
+    const auto deadline = std::chrono::steady_clock::now() + timeout_;
+    auto sleep = std::chrono::microseconds(5);
+    try {
+      dev_.eventRecord(c.leadDone, s);
+      for (;;) {
+        const bool done = dev_.eventQuery(c.leadDone);
+        NcclResult e = kNcclSuccess;
+        NcclResult r = leaders_.commGetAsyncError(c.lead, &e);
+        if (r != kNcclSuccess) e = r;
+        if (e != kNcclSuccess && e != kNcclInProgress) {
+          return fail(c, e, strCat(what, " ", gpuText(c.gpu), ": ", leaders_.lastError(c.lead)));
+        }
+        if (done) return kNcclSuccess;
+        if (std::chrono::steady_clock::now() > deadline) {
+          return fail(c, kNcclSystemError,
+                      strCat(what, " ", gpuText(c.gpu), ": not done after ", timeout_.count(),
+                             " ms (a GPU's leader did not join?)"));
+        }
+        std::this_thread::sleep_for(sleep);
+        if (sleep < std::chrono::microseconds(500)) sleep *= 2;
+      }
+    } catch (const std::exception& e) {
+      return fail(c, kNcclUnhandledCudaError, strCat(what, " ", gpuText(c.gpu), ": ", e.what()));
+    }
+  }
+  void releaseEvent(Event e) {
+    if (!e) return;
+    try {
+      dev_.eventDestroy(e);
+    } catch (...) {
+    }
   }
   NcclResult unsupported(NcclComm comm, const char* what) {
     if (comm) {

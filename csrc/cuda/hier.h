@@ -30,6 +30,14 @@
 //   the leaders from g's, then within every other GPU from its leader.
 //   groupStart/groupEnd are not passed on: a grouped NCCL call would run
 //   only at groupEnd, after the same-GPU steps that must follow it.
+// - A leader waits on the host for its NCCL step to run (an event, NCCL's
+//   async error, the timeout) before it enters the broadcast within its GPU:
+//   an NCCL kernel that a peer's abort ends returns without an error on the
+//   stream, and the GPU's other ranks, whose own communicators saw nothing
+//   wrong, would then read a partial result as success. So a leader's
+//   enqueue blocks for the op's first two steps (its caller's thread with
+//   it); the other ranks' do not. A device-side flag would avoid that; not
+//   done.
 // - Reductions: SUM, PROD, MIN, MAX at both levels. AVG (floats): AVG within
 //   each GPU (divided by k) and AVG among the leaders (divided by the number
 //   of GPUs): equal to the sum over n ranks divided by n because every GPU
