@@ -168,7 +168,8 @@ class Hier final : public NcclApi {
       r = leaders_.commGetAsyncError(c.lead, &lead);
       if (r != kNcclSuccess) lead = r;
       if (lead != kNcclSuccess && lead != kNcclInProgress) {
-        note(c, strCat("between the GPUs' leaders: ", leaders_.lastError(c.lead)));
+        note(c, strCat("between the GPUs' leaders ", leadersText(), ": ",
+                       leaders_.lastError(c.lead)));
       }
     }
     *asyncError = worse(in, lead);
@@ -322,6 +323,15 @@ class Hier final : public NcclApi {
     }
     return strCat("GPU ", g, " (ranks ", ranks, " as its local ranks ", locals, ")");
   }
+  // "(ranks 0, 2 as its NCCL ranks 0, 1)": NCCL's messages name GPUs.
+  std::string leadersText() const {
+    std::string ranks, locals;
+    for (size_t g = 0; g < layout_.ranksOn.size(); ++g) {
+      ranks += strCat(g ? ", " : "", layout_.ranksOn[g][0]);
+      locals += strCat(g ? ", " : "", g);
+    }
+    return strCat("(ranks ", ranks, " as its NCCL ranks ", locals, ")");
+  }
   void note(HierComm& c, std::string text) {
     std::lock_guard<std::mutex> lock(c.mu);
     if (c.lastError.empty()) c.lastError = std::move(text);
@@ -367,7 +377,8 @@ class Hier final : public NcclApi {
         NcclResult r = leaders_.commGetAsyncError(c.lead, &e);
         if (r != kNcclSuccess) e = r;
         if (e != kNcclSuccess && e != kNcclInProgress) {
-          return fail(c, e, strCat(what, " ", gpuText(c.gpu), ": ", leaders_.lastError(c.lead)));
+          return fail(c, e, strCat(what, " ", gpuText(c.gpu), ", between the leaders ",
+                                   leadersText(), ": ", leaders_.lastError(c.lead)));
         }
         if (done) return kNcclSuccess;
         if (std::chrono::steady_clock::now() > deadline) {

@@ -115,6 +115,7 @@ NcclResult Comm::poll() {
 
 NcclResult Comm::barrier(Stream s) {
   const uint64_t k = ++barriers_;
+  stream_ = s;
   try {
     dev_.eventRecord(event_, s);
   } catch (const std::exception& e) {
@@ -166,6 +167,30 @@ void Comm::abort() {
 }
 
 void Comm::close() {
+  // Kernels already enqueued may still read the peers' buffers and write
+  // this one (an abort ends the waits on the peers' events, not the copies
+  // and reductions after them): the stream drains before anything is
+  // unmapped or freed. Bounded: past it, the memory stays mapped (a leak,
+  // logged) rather than pulled from under a kernel.
+  if (stream_) {
+    const auto drain = std::chrono::steady_clock::now() + std::chrono::seconds(10);
+    bool idle = false;
+    try {
+      while (!(idle = dev_.streamQuery(stream_)) && std::chrono::steady_clock::now() < drain) {
+        std::this_thread::sleep_for(std::chrono::microseconds(200));
+      }
+    } catch (const std::exception&) {
+      // A sticky error (an abort ended a wait on a peer's event): the stream
+      // skips everything after it, so nothing more touches the buffers.
+      idle = true;
+    }
+    if (!idle) {
+      BRAID_LOG(kError, "same-gpu", rank_)
+          << "the communicator's stream is still busy after 10 s: its buffers stay mapped";
+      slot(rank_).state.store(kClosed, std::memory_order_release);
+      return;
+    }
+  }
   for (int q = 0; q < n_; ++q) {
     if (q == rank_) continue;
     try {

@@ -80,6 +80,7 @@ class Comm {
   Event event_ = nullptr;
   std::vector<void*> bufs_;      // every rank's buffer, as mapped here
   std::vector<Event> events_;    // every rank's event, as opened here
+  Stream stream_ = nullptr;      // the stream of the last barrier: close() drains it
   bool ready_ = false;
   int half_ = 0;
   uint64_t barriers_ = 0;

@@ -301,6 +301,42 @@ TEST_F(Hier, ARankThatNeverComesIsAnErrorNotAHang) {
   EXPECT_LT(std::chrono::steady_clock::now() - start, std::chrono::seconds(15));
 }
 
+// A rank that aborts instead of joining (as a dead peer's communicators look
+// to the others): its GPU's peers see its abort, their leader's NCCL
+// communicator is aborted, and the other GPU's ranks fail through NCCL's
+// remote error, well before the timeout.
+TEST_F(Hier, AnAbortReachesEveryGpuBeforeTheTimeout) {
+  std::atomic<int> finished{0}, first{0};
+  const auto start = std::chrono::steady_clock::now();
+  runHier(
+      {0, 0, 1, 1},
+      [&](int rank, NcclExecutor& ex) {
+        const int device = rank / 2;
+        DeviceBuffer b(DataType::kFloat32, 3000, device);
+        NcclOp o = op(NcclOpKind::kAllreduce, b.p, b.p, 3000, DataType::kFloat32);
+        o.device = device;
+        ex.run(o)->wait();
+        // Everyone has seen the first op complete (a later abort fails a
+        // work not yet seen complete, as on NCCL).
+        first.fetch_add(1);
+        while (first.load() < 4) std::this_thread::sleep_for(std::chrono::milliseconds(1));
+        if (rank == 1) {
+          ex.abort("rank 1 gives up");
+        } else {
+          try {
+            ex.run(o)->wait();
+            ADD_FAILURE() << "rank " << rank << ": the allreduce completed without rank 1";
+          } catch (const Error& e) {
+            EXPECT_NE(std::string(e.what()).find("abort"), std::string::npos) << e.what();
+          }
+        }
+        finished.fetch_add(1);
+        while (finished.load() < 4) std::this_thread::sleep_for(std::chrono::milliseconds(2));
+      },
+      /*timeoutMs=*/10000);
+  EXPECT_LT(std::chrono::steady_clock::now() - start, std::chrono::seconds(5));
+}
+
 }  // namespace
 }  // namespace cuda
 }  // namespace braid
