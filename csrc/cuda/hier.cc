@@ -11,6 +11,7 @@
 #include <vector>
 
 #include "common/error.h"
+#include "common/logging.h"
 #include "cuda/same_gpu.h"
 
 namespace braid {
@@ -107,10 +108,12 @@ class Hier final : public NcclApi {
     // by rank 0 (GPU 0's leader).
     NcclUniqueId innerId, leadId;
     NcclResult r =
-        exchange(inner_, leader, strCat(prefix_, "hier/", nonce, "/gpu/", c->gpu), &innerId);
+        exchange(inner_, leader, strCat(prefix_, "hier/", nonce, "/gpu/", c->gpu), &innerId,
+                 rank);
     if (r != kNcclSuccess) return r;
     if (leader) {
-      r = exchange(leaders_, c->gpu == 0, strCat(prefix_, "hier/", nonce, "/leaders"), &leadId);
+      r = exchange(leaders_, c->gpu == 0, strCat(prefix_, "hier/", nonce, "/leaders"), &leadId,
+                   rank);
       if (r != kNcclSuccess) return r;
     }
     r = inner_.commInitRank(&c->inner, static_cast<int>(mine.size()), innerId, c->local, blocking);
@@ -294,19 +297,33 @@ class Hier final : public NcclApi {
   }
 
  private:
-  // Publishes (`make`) or fetches the id of one sub-communicator.
-  NcclResult exchange(NcclApi& api, bool make, const std::string& key, NcclUniqueId* id) {
+  // Publishes (`make`) or fetches the id of one sub-communicator. The
+  // communicator does not exist yet, so a failure is logged here (the
+  // executor reports only the code).
+  NcclResult exchange(NcclApi& api, bool make, const std::string& key, NcclUniqueId* id,
+                      int rank) {
     if (make) {
       NcclResult r = api.getUniqueId(id);
       if (r != kNcclSuccess) return r;
-      store_.set(key, std::vector<uint8_t>(id->internal, id->internal + sizeof(id->internal)));
+      try {
+        store_.set(key, std::vector<uint8_t>(id->internal, id->internal + sizeof(id->internal)));
+      } catch (const std::exception& e) {
+        BRAID_LOG(kError, "hier", rank) << "publishing store key '" << key << "': " << e.what();
+        return kNcclSystemError;
+      }
       return kNcclSuccess;
     }
     std::vector<uint8_t> bytes;
     try {
       bytes = store_.get(key, timeout_);
-    } catch (const std::exception&) {
-      return kNcclSystemError;  // a GPU's leader (or rank 0) never came
+    } catch (const std::exception& e) {
+      // A GPU's leader (or rank 0, for the leaders' id) never came.
+      BRAID_LOG(kError, "hier", rank) << "waiting for store key '" << key << "' (published by "
+                                      << (key.find("/leaders") != std::string::npos
+                                              ? "rank 0"
+                                              : "this GPU's leader")
+                                      << "): " << e.what();
+      return kNcclSystemError;
     }
     if (bytes.size() != sizeof(id->internal)) return kNcclInternalError;
     std::memcpy(id->internal, bytes.data(), bytes.size());

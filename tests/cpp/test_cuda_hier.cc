@@ -301,6 +301,34 @@ TEST_F(Hier, ARankThatNeverComesIsAnErrorNotAHang) {
   EXPECT_LT(std::chrono::steady_clock::now() - start, std::chrono::seconds(15));
 }
 
+// A rank that never makes its communicator: its GPU's leader times out in
+// the init, and the others fail through it, within about the timeout.
+TEST_F(Hier, ARankThatNeverJoinsIsATimeoutNotAHang) {
+  const auto start = std::chrono::steady_clock::now();
+  runHier(
+      {0, 0, 1, 1},
+      [&](int rank, NcclExecutor& ex) {
+        if (rank == 3) return;
+        const int device = rank / 2;
+        DeviceBuffer b(DataType::kFloat32, 16, device);
+        NcclOp o = op(NcclOpKind::kAllreduce, b.p, b.p, 16, DataType::kFloat32);
+        o.device = device;
+        try {
+          ex.run(o)->wait();
+          ADD_FAILURE() << "rank " << rank << ": the allreduce completed without rank 3";
+        } catch (const Error& e) {
+          // Rank 2's init times out, or rank 0's wait for the leaders'
+          // NCCL step does first (both 1.5 s) and its abort reaches rank 2.
+          if (rank == 2) {
+            EXPECT_NE(std::string(e.what()).find("making the NCCL communicator"),
+                      std::string::npos) << e.what();
+          }
+        }
+      },
+      /*timeoutMs=*/1500);
+  EXPECT_LT(std::chrono::steady_clock::now() - start, std::chrono::seconds(6));
+}
+
 // A rank that aborts instead of joining (as a dead peer's communicators look
 // to the others): its GPU's peers see its abort, their leader's NCCL
 // communicator is aborted, and the other GPU's ranks fail through NCCL's
