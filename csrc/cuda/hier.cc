@@ -142,24 +142,8 @@ class Hier final : public NcclApi {
     return r;
   }
 
-  NcclResult commDestroy(NcclComm comm) override {
-    HierComm* c = static_cast<HierComm*>(comm);
-    NcclResult r = kNcclSuccess;
-    if (c->lead) r = leaders_.commDestroy(c->lead);
-    if (c->inner) r = worse(inner_.commDestroy(c->inner), r);
-    releaseEvent(c->leadDone);
-    delete c;
-    return r;
-  }
-  NcclResult commAbort(NcclComm comm) override {
-    HierComm* c = static_cast<HierComm*>(comm);
-    NcclResult r = kNcclSuccess;
-    if (c->lead) r = leaders_.commAbort(c->lead);
-    if (c->inner) r = worse(inner_.commAbort(c->inner), r);
-    releaseEvent(c->leadDone);
-    delete c;
-    return r;
-  }
+  NcclResult commDestroy(NcclComm comm) override { return close(comm, &NcclApi::commDestroy); }
+  NcclResult commAbort(NcclComm comm) override { return close(comm, &NcclApi::commAbort); }
   NcclResult commGetAsyncError(NcclComm comm, NcclResult* asyncError) override {
     HierComm& c = *static_cast<HierComm*>(comm);
     NcclResult in = kNcclSuccess, lead = kNcclSuccess;
@@ -416,6 +400,16 @@ class Hier final : public NcclApi {
       dev_.eventDestroy(e);
     } catch (...) {
     }
+  }
+  // Destroys or aborts both levels (`how`), then frees the communicator.
+  NcclResult close(NcclComm comm, NcclResult (NcclApi::*how)(NcclComm)) {
+    HierComm* c = static_cast<HierComm*>(comm);
+    NcclResult r = kNcclSuccess;
+    if (c->lead) r = (leaders_.*how)(c->lead);
+    if (c->inner) r = worse((inner_.*how)(c->inner), r);
+    releaseEvent(c->leadDone);
+    delete c;
+    return r;
   }
   NcclResult unsupported(NcclComm comm, const char* what) {
     if (comm) {
