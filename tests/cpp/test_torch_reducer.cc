@@ -798,11 +798,26 @@ TEST(InitFromEnv, RejectsRankOutsideWorld) {
 }
 
 TEST(InitFromEnv, SingleRankGroupWorks) {
-  const std::string port = std::to_string(freePort());
   ScopedEnv ws("WORLD_SIZE", "1"), rank("RANK", "0"), local("LOCAL_RANK", "0"),
-      addr("MASTER_ADDR", "127.0.0.1"), p("MASTER_PORT", port.c_str()),
-      agent("TORCHELASTIC_USE_AGENT_STORE", nullptr);
-  auto env = init_from_env(std::chrono::seconds(20));
+      addr("MASTER_ADDR", "127.0.0.1"), agent("TORCHELASTIC_USE_AGENT_STORE", nullptr);
+  // freePort() closes the port before the store binds it, and another test
+  // running beside this one (ctest -j) may take it as an outgoing connection's
+  // ephemeral port in between (seen in CI: "Address already in use"): a few
+  // fresh ports before giving up.
+  DistEnv env;
+  for (int attempt = 0;; ++attempt) {
+    const std::string port = std::to_string(freePort());
+    ScopedEnv p("MASTER_PORT", port.c_str());
+    try {
+      env = init_from_env(std::chrono::seconds(20));
+      break;
+    } catch (const std::exception& e) {
+      if (attempt == 4 || std::string(e.what()).find("Address already in use") ==
+                              std::string::npos) {
+        throw;
+      }
+    }
+  }
   EXPECT_EQ(env.rank, 0);
   EXPECT_EQ(env.world_size, 1);
   EXPECT_EQ(env.local_rank, 0);
