@@ -18,7 +18,9 @@ Rows (per model, bucket cap and world size):
                            reducer/braid~copy (False)
 Models: mlp (6 x Linear(2048, 2048), batch 1: 25M parameters, communication-bound), cnn (a
 small conv net, batch 16 of 3x32x32), transformer (one TransformerEncoderLayer, d_model 256,
-4 heads, feed-forward 1024: 0.8M parameters; batch 2 x 32 tokens).
+4 heads, feed-forward 1024: 0.8M parameters; batch 2 x 32 tokens), resnet50 (torchvision's, 25.6M
+parameters; --resnet-batch images of --resnet-size pixels per rank, default 2 of 224x224; needs
+python3-torchvision; not in the default list).
 
 A step is zero_grad, forward, MSE loss, backward, SGD step. steps/s = steps / the slowest
 rank's time for --steps steps, after --warmup steps (DDP rebuilds its buckets after the first
@@ -61,7 +63,7 @@ import _bench_common as bc  # noqa: E402
 
 torch = dist = None  # imported in the ranks only
 
-MODELS = ("mlp", "cnn", "transformer")
+MODELS = ("mlp", "cnn", "transformer", "resnet50")
 HOOKS = ("allreduce", "fp16", "bf16", "powersgd", "int8")
 # PyTorch's own Python hooks (torch.distributed.algorithms.ddp_comm_hooks), for reference.
 TORCH_HOOKS = ("torch_allreduce", "torch_fp16", "torch_bf16", "torch_powersgd")
@@ -122,6 +124,16 @@ def make_model(name, args):
                                            dropout=0.0, batch_first=True)
         x = torch.randn(args.tf_batch, 32, 256, generator=g)
         return layer, x, torch.randn(args.tf_batch, 32, 256, generator=g)
+    if name == "resnet50":  # torchvision, as Debian ships it (python3-torchvision)
+        try:
+            import torchvision
+        except ImportError as e:
+            raise SystemExit(f"--models resnet50 needs torchvision (apt install "
+                             f"python3-torchvision): {e}")
+        model = torchvision.models.resnet50(num_classes=1000)
+        side = args.resnet_size
+        x = torch.randn(args.resnet_batch, 3, side, side, generator=g)
+        return model, x, torch.randn(args.resnet_batch, 1000, generator=g)
     raise ValueError(f"unknown model {name!r} (choose from {', '.join(MODELS)})")
 
 
@@ -473,6 +485,8 @@ def parse_args(argv=None):
     p.add_argument("--mlp-batch", type=int, default=1)
     p.add_argument("--cnn-batch", type=int, default=16)
     p.add_argument("--tf-batch", type=int, default=2)
+    p.add_argument("--resnet-batch", type=int, default=2, help="resnet50: images per rank")
+    p.add_argument("--resnet-size", type=int, default=224, help="resnet50: image side")
     p.add_argument("--target-bucket-mb", type=float, default=None,
                    help="bucket cap the targets are read at (default: the largest)")
     p.add_argument("--threads", type=int, default=1, help="torch threads per rank")
