@@ -82,6 +82,8 @@ class Engine {
   std::chrono::milliseconds timeout() const { return timeout_; }
   collectives::Group& group() { return *group_; }  // on the thread running a job only
   collectives::PointToPoint& p2p() { return group_->p2p(); }  // started on first use
+  // The group's registered regions (Note [Registered buffers]); any thread.
+  std::shared_ptr<collectives::RegionTable> regionTable() { return group_->regionTable(); }
   const QueuePtr& queue() const { return q_; }
 
   // Returns the job's id (0 if it was failed at once: the group is shut down).

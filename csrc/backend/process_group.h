@@ -203,10 +203,6 @@ class ProcessGroupBraid : public compat::BackendBase {
   // Shared with the jobs, which may finish on a caller's thread.
   std::shared_ptr<FirstError> firstError_ = std::make_shared<FirstError>();
   std::atomic<uint64_t> launched_{0};
-  // The group's registered regions, once registeredEmpty() ran (its engine's
-  // group owns the table; Note [Registered buffers]).
-  mutable std::mutex regionsMu_;
-  std::shared_ptr<collectives::RegionTable> regions_;
   std::mutex coalesceMu_;
   // Read without the lock on every op (tracked()); changed under it.
   std::atomic<bool> coalescing_{false};

@@ -15,7 +15,6 @@ using collectives::OpKind;
 at::Tensor ProcessGroupBraid::registeredEmpty(int64_t numel, at::ScalarType dtype) {
   std::shared_ptr<transport::shm::SharedRegion> region;
   auto id = std::make_shared<uint64_t>(0);
-  auto table = std::make_shared<std::shared_ptr<collectives::RegionTable>>();
   auto work = guarded(OpKind::kRegister, [&] {
     const int rank = getRank();
     BRAID_ENFORCE(numel >= 0, "register_buffer", rank, "numel must be >= 0, got ", numel);
@@ -28,28 +27,17 @@ at::Tensor ProcessGroupBraid::registeredEmpty(int64_t numel, at::ScalarType dtyp
     d.shape.dims[0] = static_cast<int64_t>(bytes);
     Engine* e = engine_.get();
     return launch(d, c10d::OpType::UNKNOWN, "braid:register_buffer", {},
-                  [e, d, region, id, table] {
-                    *id = e->group().registerBuffer(d, region);
-                    *table = e->group().regionTable();
-                  });
+                  [e, d, region, id] { *id = e->group().registerBuffer(d, region); });
   });
   work->wait();
-  {
-    std::lock_guard<std::mutex> lock(regionsMu_);
-    if (*table) regions_ = *table;
-  }
-  std::function<void(void*)> release = [region, t = *table, rid = *id](void*) {
+  std::function<void(void*)> release = [region, t = engine_->regionTable(), rid = *id](void*) {
     if (t && rid) t->release(rid);  // region itself goes with this function
   };
   return at::from_blob(region->data(), {numel}, release, at::TensorOptions().dtype(dtype));
 }
 
 bool ProcessGroupBraid::isRegistered(const at::Tensor& t) const {
-  std::shared_ptr<collectives::RegionTable> table;
-  {
-    std::lock_guard<std::mutex> lock(regionsMu_);
-    table = regions_;
-  }
+  const auto table = engine_->regionTable();
   collectives::RegionTable::Ref ref;
   return table && t.defined() && t.device().is_cpu() && t.is_contiguous() &&
          table->find(t.data_ptr(), t.numel() * t.element_size(), &ref);

@@ -85,7 +85,8 @@ Reducer::Reducer(std::vector<at::Tensor> params, std::vector<std::string> names,
     : names_(std::move(names)),
       pg_(std::move(pg)),
       options_(options),
-      rank_(pg_ ? pg_->getRank() : -1) {
+      rank_(pg_ ? pg_->getRank() : -1),
+      braid_(dynamic_cast<ProcessGroupBraid*>(compat::backendFor(pg_, c10::DeviceType::CPU))) {
   BRAID_ENFORCE(pg_, "ddp", rank_, "the process group is null");
   BRAID_ENFORCE(names_.size() == params.size(), "ddp", rank_, "got ", names_.size(), " names for ",
                 params.size(), " parameters");
@@ -93,10 +94,6 @@ Reducer::Reducer(std::vector<at::Tensor> params, std::vector<std::string> names,
                 "bucket sizes must be positive: first bucket ", options_.first_bucket_bytes,
                 " bytes vs cap ", options_.bucket_cap_bytes, " bytes");
   divisor_ = at::native::wrapped_scalar_tensor(static_cast<double>(pg_->getSize()));
-  const int world = pg_->getSize();
-  groupAveragesExactly_ =
-      (world & (world - 1)) == 0 &&
-      dynamic_cast<ProcessGroupBraid*>(compat::backendFor(pg_, c10::DeviceType::CPU)) != nullptr;
   std::unordered_map<const c10::TensorImpl*, size_t> seen;
   params_.resize(params.size());
   for (size_t i = 0; i < params.size(); ++i) {
@@ -159,8 +156,9 @@ void Reducer::buildBuckets(const std::vector<size_t>& order) {
     }
     const at::Tensor& first = params_[bucket.members.front()].tensor;
     bucket.buffer = allocateBucket(static_cast<int64_t>(total), first.options());
+    const int world = pg_->getSize();
     bucket.averageInAllreduce =
-        groupAveragesExactly_ && first.device().is_cpu() &&
+        braid_ && (world & (world - 1)) == 0 && first.device().is_cpu() &&
         (first.scalar_type() == at::kFloat || first.scalar_type() == at::kDouble);
     for (size_t s = 0; s < bucket.members.size(); ++s) {
       Param& p = params_[bucket.members[s]];
@@ -201,11 +199,8 @@ void Reducer::buildBuckets(const std::vector<size_t>& order) {
 // the collective allocation needs; the old buckets, freed alike, release
 // their regions on every rank.
 at::Tensor Reducer::allocateBucket(int64_t numel, const at::TensorOptions& options) {
-  if (options.device().is_cpu()) {
-    if (auto* braid = dynamic_cast<ProcessGroupBraid*>(
-            compat::backendFor(pg_, c10::DeviceType::CPU))) {
-      return braid->registeredEmpty(numel, c10::typeMetaToScalarType(options.dtype()));
-    }
+  if (braid_ && options.device().is_cpu()) {
+    return braid_->registeredEmpty(numel, c10::typeMetaToScalarType(options.dtype()));
   }
   return at::zeros({numel}, options);
 }
@@ -372,9 +367,8 @@ std::vector<bool> Reducer::bucketsAveragedInAllreduce() const {
 
 std::vector<bool> Reducer::bucketsRegistered() const {
   std::lock_guard<std::mutex> lock(mutex_);
-  auto* braid = dynamic_cast<ProcessGroupBraid*>(compat::backendFor(pg_, c10::DeviceType::CPU));
   std::vector<bool> out;
-  for (const auto& b : buckets_) out.push_back(braid && braid->isRegistered(b.buffer));
+  for (const auto& b : buckets_) out.push_back(braid_ && braid_->isRegistered(b.buffer));
   return out;
 }
 

@@ -20,6 +20,8 @@
 
 namespace braid {
 
+class ProcessGroupBraid;  // backend/process_group.h
+
 struct ReducerOptions {
   int64_t first_bucket_bytes = int64_t(1) << 20;
   int64_t bucket_cap_bytes = int64_t(25) << 20;
@@ -62,13 +64,13 @@ class Reducer {
   // undivided gradients and decides the averaging itself.
   void registerCommHook(std::shared_ptr<c10d::CommHookInterface> hook);
 
-  std::vector<std::vector<size_t>> bucketIndices() const;
+  std::vector<std::vector<size_t>> bucketIndices() const;  // param indices per bucket
   // Per bucket: whether its allreduce averages (Note [Averaging inside the
   // allreduce]), given the hook registered now.
   std::vector<bool> bucketsAveragedInAllreduce() const;
   // Per bucket: whether its memory is registered with the group (Note
   // [Registered buffers]), so that its allreduce works in the peers' buckets.
-  std::vector<bool> bucketsRegistered() const;  // param indices per bucket
+  std::vector<bool> bucketsRegistered() const;
   bool bucketsRebuilt() const;
   int64_t syncedIterations() const;
   const std::vector<std::string>& names() const { return names_; }
@@ -117,7 +119,9 @@ class Reducer {
   const ReducerOptions options_;
   const int rank_;
   at::Tensor divisor_;  // world size, as a wrapped scalar so it keeps the bucket's dtype
-  bool groupAveragesExactly_ = false;  // Note [Averaging inside the allreduce]
+  // The group's CPU backend when it is braid's (pg_ keeps it alive), else null:
+  // registered buckets and averaging inside the allreduce need it.
+  ProcessGroupBraid* const braid_;
 
   mutable std::mutex mutex_;
   std::vector<Param> params_;
