@@ -32,8 +32,21 @@ cmake -S examples/cpp -B "$build/example" -DCMAKE_PREFIX_PATH="$prefix" >/dev/nu
 cmake --build "$build/example" -j "$(nproc)" >/dev/null
 why=$(cd tests/python && $PY -c 'import harness; print(harness.torchrun_unusable() or "")')
 if [[ -z $why ]]; then
-  (cd "$build/example" && OMP_NUM_THREADS=1 timeout 300 "$repo/tools/torchrun" --standalone \
-    --nproc_per_node=2 --no_python ./train --checkpoint "$build/example/checkpoint.pt")
+  # torchrun picks MASTER_PORT by binding port 0 and closing it; rank 0 binds it again later, and
+  # an outgoing connection (the rendezvous's own) may take it in between: "Address already in
+  # use" (a clean-clone CI run, torch 1.13). Only that failure is tried again, on a fresh port.
+  log="$build/example/torchrun.log"
+  for attempt in 1 2 3; do
+    rc=0
+    (cd "$build/example" && OMP_NUM_THREADS=1 timeout 300 "$repo/tools/torchrun" --standalone \
+      --nproc_per_node=2 --no_python ./train --checkpoint "$build/example/checkpoint.pt") 2>&1 |
+      tee "$log" || rc=$?
+    if (( rc == 0 )) || (( attempt == 3 )) || ! grep -q "Address already in use" "$log"; then
+      break
+    fi
+    echo "torchrun lost its port to another socket; trying again (attempt $((attempt + 1)))" >&2
+  done
+  (( rc == 0 )) || exit "$rc"
 else
   echo "skipped the torchrun run: $why" >&2
 fi
