@@ -53,6 +53,7 @@ ProcessGroupBraid::ProcessGroupBraid(const c10::intrusive_ptr<c10d::Store>& stor
   opts.storeHost = compat::storeHost(store);
   auto group = collectives::makeGroup(adapted, rank, size, opts);  // Note [Choosing a group's transport]
   const std::string how = group->describe();
+  narrowsOnWire_ = group->narrowsOnWire();
   engine_ = std::make_unique<Engine>(std::move(group), timeout);
   CudaGroupInfo cudaInfo;
   cudaInfo.rank = rank;

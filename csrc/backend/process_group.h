@@ -134,6 +134,16 @@ class ProcessGroupBraid : public compat::BackendBase {
   // Whether `t`'s memory lies in a region this group registered (and has not
   // released): its allreduce then takes the registered path.
   bool isRegistered(const at::Tensor& t) const;
+  // Note [Allreduce on a narrower wire] (collectives/shm/collectives.h):
+  // whether allreduceNarrowed takes `t`: a contiguous float32 CPU tensor, in
+  // a group whose ranks share one host (the same answer on every rank).
+  bool canNarrow(const at::Tensor& t) const;
+  // In place, t = float(sum over ranks of round16(t / divisor)): the sum in
+  // float32 in rank order, rounded once to `wire` (kHalf or kBFloat16), as
+  // the fp16/bf16 compression hooks compute it, with only 16-bit values
+  // crossing between ranks. Collective. Throws unless canNarrow(t).
+  c10::intrusive_ptr<c10d::Work> allreduceNarrowed(at::Tensor& t, at::ScalarType wire,
+                                                   double divisor);
   // Note [Coalescing] (backend/coalesced_work.h); same Note as above for the
   // missing `override`.
   bool supportsCoalescing() const { return true; }  // NOLINT(modernize-use-override)
@@ -209,6 +219,7 @@ class ProcessGroupBraid : public compat::BackendBase {
   std::vector<c10::intrusive_ptr<c10d::Work>> coalesced_;
   std::atomic<uint64_t> monitoredBarriers_{0};  // numbers each call's messages
   std::unique_ptr<Engine> engine_;
+  bool narrowsOnWire_ = false;  // the group's Group::narrowsOnWire(), read once
   std::unique_ptr<CudaBinding> cuda_;  // Note [One device per group]
   std::unique_ptr<GroupRecorder> fr_;  // Note [Flight recorder]
   std::atomic<bool> frNamed_{false};   // torch's name for the group was read

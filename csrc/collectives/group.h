@@ -49,6 +49,9 @@ class Group {
   virtual void reduceScatter(const OpDesc& op, const void* const* ins, void* out) = 0;
   virtual void alltoall(const OpDesc& op, const void* const* ins, void* const* outs) = 0;
   virtual void barrier(const OpDesc& op) = 0;
+  // Whether allreduce takes ops with op.narrowed() (Note [Allreduce on a
+  // narrower wire] in shm/collectives.h); the same on every rank of a group.
+  virtual bool narrowsOnWire() const { return false; }
   // A rank that failed op's argument checks tells its peers (Note [Op headers]).
   virtual void failOp(const OpDesc& op) = 0;
   // The header step of `op` alone: every rank's header is compared with this

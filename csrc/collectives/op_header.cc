@@ -23,10 +23,22 @@ void fillOpHeader(OpHeader* h, uint32_t magic, const OpDesc& op, uint64_t seq) {
   std::memset(static_cast<void*>(&h->shape), 0, sizeof h->shape);
   h->shape.ndim = op.shape.ndim;
   std::memcpy(h->shape.dims, op.shape.dims, sizeof h->shape.dims);
+  h->wire = op.narrowed() ? 1 + static_cast<uint32_t>(op.wire) : 0;
+  h->wireDivisor = op.narrowed() ? op.wireDivisor : 0.f;
   const size_t n = std::min(op.localError.size(), kOpMessageBytes - 1);
   std::memcpy(h->message, op.localError.data(), n);
   h->message[n] = '\0';
 }
+
+namespace {
+
+std::string wireName(const OpHeader& h) {
+  if (h.wire == 0) return strCat("its ", toString(static_cast<DataType>(h.dtype)), " values");
+  return strCat("its values divided by ", h.wireDivisor, " as ",
+                toString(static_cast<DataType>(h.wire - 1)));
+}
+
+}  // namespace
 
 void settingDiffers(const char* op, int rank, int peer, const char* setting,
                     const std::string& theirs, const std::string& ours) {
@@ -58,6 +70,11 @@ void checkOpHeader(const char* me, int rank, int peer, const OpHeader& theirs,
     BRAID_THROW(Error, me, rank, "rank ", peer, " passed shape ", theirs.shape.str(), " (",
                 toString(static_cast<DataType>(theirs.dtype)), "), this rank shape ",
                 mine.shape.str(), " (", toString(static_cast<DataType>(mine.dtype)), ")");
+  }
+  if (theirs.wire != mine.wire || theirs.wireDivisor != mine.wireDivisor) {
+    BRAID_THROW(Error, me, rank, "rank ", peer, " sends ", wireName(theirs), ", this rank ",
+                wireName(mine), " (Note [Allreduce on a narrower wire]: every rank of the "
+                "group must use the same compression hook)");
   }
   if (theirs.root != mine.root) {
     BRAID_THROW(Error, me, rank, "rank ", peer, " passed root ", theirs.root,

@@ -24,6 +24,10 @@ struct OpHeader {
   int32_t failed;  // the rank failed its argument checks: `message` says why
   uint64_t count;
   Shape shape;
+  // Note [Allreduce on a narrower wire]: 0, or 1 + the wire's DataType, and
+  // the divisor its values were divided by.
+  uint32_t wire;
+  float wireDivisor;
   char message[kOpMessageBytes];
 };
 
@@ -33,8 +37,8 @@ void fillOpHeader(OpHeader* h, uint32_t magic, const OpDesc& op, uint64_t seq);
 
 // Throws an Error naming `op`, `rank` and both values at the first field in
 // which `theirs` (rank `peer`'s) differs from `mine`: the magic, the peer's
-// own failure, then the op's kind, number, dtype/count/shape, root and reduce
-// op. The settings that shape an op are each transport's to compare.
+// own failure, then the op's kind, number, dtype/count/shape, wire type, root
+// and reduce op. The settings that shape an op are each transport's to compare.
 void checkOpHeader(const char* op, int rank, int peer, const OpHeader& theirs,
                    const OpHeader& mine);
 

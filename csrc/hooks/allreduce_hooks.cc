@@ -2,9 +2,10 @@
 #include <functional>
 
 #include "backend/compat.h"
+#include "backend/process_group.h"
 #include "hooks/aten_kernels.h"
-#include "hooks/cast_kernels.h"
 #include "hooks/comm_hooks.h"
+#include "reduce/cast.h"
 
 namespace braid {
 namespace hooks {
@@ -43,8 +44,11 @@ bool needsGatherFallback(const c10::intrusive_ptr<c10d::ProcessGroup>& pg,
 // gradient itself, exceeds 65504 but its share does not; it costs the low
 // bits of tiny values, which torch's fp16_compress_hook accepts too (torch
 // rounds x, then x / n). float32 CPU buckets go through fused loops
-// (cast_kernels.h): one pass each way instead of three; CUDA buckets through
-// one ATen kernel each way (Note [Hooks on CUDA buckets]).
+// (reduce/cast.h): one pass each way instead of three; CUDA buckets through
+// one ATen kernel each way (Note [Hooks on CUDA buckets]). On a braid group
+// on one host, float32 CPU buckets skip both: the allreduce itself rounds,
+// sums and widens, with the same bits (Note [Allreduce on a narrower wire]
+// in collectives/shm/collectives.h).
 class CastCompressHook : public CommHook {
  public:
   CastCompressHook(c10::intrusive_ptr<c10d::ProcessGroup> pg, at::ScalarType wireType,
@@ -52,13 +56,15 @@ class CastCompressHook : public CommHook {
       : CommHook(std::move(pg)),
         wireType_(wireType),
         name_(name),
-        gatherFallback_(needsGatherFallback(pg_, wireType)) {}
+        gatherFallback_(needsGatherFallback(pg_, wireType)),
+        braid_(dynamic_cast<ProcessGroupBraid*>(compat::backendFor(pg_, c10::DeviceType::CPU))) {}
   const char* name() const override { return name_; }
 
   c10::intrusive_ptr<c10::ivalue::Future> run(BucketView& bucket) override {
     checkBuffer(bucket.buffer, name());
     at::Tensor buffer = bucket.buffer;
     if (!gatherFallback_ && buffer.scalar_type() == wireType_) return allreduceMean(buffer);
+    if (braid_ && braid_->canNarrow(buffer)) return allreduceNarrowed(buffer);
     at::Tensor compressed = scratch(bucket.index, 0, buffer.numel(), wireType_, buffer.device());
     narrow(buffer, compressed, static_cast<float>(size_));
     if (gatherFallback_) return gatherAndSum(bucket.index, buffer, compressed);
@@ -75,15 +81,15 @@ class CastCompressHook : public CommHook {
   }
 
  private:
-  static Half16 half16(at::ScalarType t) {
-    return t == at::kBFloat16 ? Half16::kBFloat16 : Half16::kFloat16;
+  static DataType half16(at::ScalarType t) {
+    return t == at::kBFloat16 ? DataType::kBFloat16 : DataType::kFloat16;
   }
   static uint16_t* bits(const at::Tensor& t) { return static_cast<uint16_t*>(t.data_ptr()); }
 
   // compressed = round(buffer / divisor) in the wire type.
   void narrow(at::Tensor& buffer, at::Tensor& compressed, float divisor) const {
     if (buffer.scalar_type() == at::kFloat && buffer.is_cpu()) {
-      narrowDivided(buffer.data_ptr<float>(), bits(compressed), buffer.numel(), divisor,
+      reduce::narrowDivided(buffer.data_ptr<float>(), bits(compressed), buffer.numel(), divisor,
                     half16(wireType_));
     } else if (buffer.scalar_type() == at::kFloat) {
       narrowDividedAten(buffer, compressed, divisor);
@@ -98,12 +104,24 @@ class CastCompressHook : public CommHook {
   static void widenInto(at::Tensor& buffer, const at::Tensor& src, at::ScalarType wireType,
                         bool accumulate) {
     if (buffer.scalar_type() == at::kFloat && buffer.is_cpu()) {
-      widen(bits(src), buffer.data_ptr<float>(), buffer.numel(), half16(wireType), accumulate);
+      reduce::widen(bits(src), buffer.data_ptr<float>(), buffer.numel(), half16(wireType), accumulate);
     } else if (accumulate) {
       buffer.add_(src.view(wireType).to(buffer.scalar_type()));
     } else {
       buffer.copy_(src.view(wireType));
     }
+  }
+
+  c10::intrusive_ptr<c10::ivalue::Future> allreduceNarrowed(at::Tensor buffer) {
+    countAllreduce(buffer.numel() * 2);  // 16-bit values, as the unfused hook's allreduce
+    return braid_->allreduceNarrowed(buffer, wireType_, size_)
+        ->getFuture()
+        ->then(
+            [buffer](c10::ivalue::Future& f) {
+              if (f.hasError()) std::rethrow_exception(f.exception_ptr());
+              return tensorListValue(buffer);
+            },
+            tensorListType());
   }
 
   // See Note [bfloat16 on torch 1.13's gloo].
@@ -129,7 +147,7 @@ class CastCompressHook : public CommHook {
                        widenInto(sum, gathered[r], wireType, /*accumulate=*/r > 0);
                      }
                      if (sum.is_cpu()) {
-                       narrowDivided(sum.data_ptr<float>(), bits(compressed), sum.numel(), 1.f,
+                       reduce::narrowDivided(sum.data_ptr<float>(), bits(compressed), sum.numel(), 1.f,
                                      half16(wireType));
                      } else {
                        compressed.copy_(sum);  // the send buffer: a stream-ordered reuse
@@ -143,6 +161,7 @@ class CastCompressHook : public CommHook {
   const at::ScalarType wireType_;
   const char* name_;
   const bool gatherFallback_;
+  ProcessGroupBraid* const braid_;  // null unless pg_'s CPU backend is braid's
 };
 
 }  // namespace

@@ -90,10 +90,13 @@ at::Tensor CommHook::scratch(size_t bucket, int slot, int64_t numel, at::ScalarT
   return t;
 }
 
-c10::intrusive_ptr<c10::ivalue::Future> CommHook::allreduceSum(at::Tensor& tensor) {
-  const int64_t bytes = static_cast<int64_t>(tensor.numel()) * tensor.element_size();
+void CommHook::countAllreduce(int64_t bytes) {
   payloadBytes_ += bytes;
   wireBytes_ += bytes * 2 * (size_ - 1) / size_;
+}
+
+c10::intrusive_ptr<c10::ivalue::Future> CommHook::allreduceSum(at::Tensor& tensor) {
+  countAllreduce(static_cast<int64_t>(tensor.numel()) * tensor.element_size());
   std::vector<at::Tensor> tensors{tensor};
   c10d::AllreduceOptions opts;
   opts.reduceOp = c10d::ReduceOp::SUM;

@@ -112,6 +112,8 @@ class CommHook : public c10d::CommHookInterface {
   c10::intrusive_ptr<c10::ivalue::Future> allreduceSum(at::Tensor& tensor);
   // buffer / world size, then sum; the future's value is [buffer].
   c10::intrusive_ptr<c10::ivalue::Future> allreduceMean(at::Tensor buffer);
+  // Counts an allreduce of `bytes` per rank (payloadBytes, wireBytes).
+  void countAllreduce(int64_t bytes);
   // outputs[r] receives rank r's input (same shape and dtype on every rank).
   c10::intrusive_ptr<c10::ivalue::Future> allgather(at::Tensor& input,
                                                     std::vector<at::Tensor>& outputs);
@@ -142,7 +144,7 @@ class CommHook : public c10d::CommHookInterface {
 // (aten_kernels.h), which run as kernels on the current stream: in runHook the
 // caller's, after the gradients; in a Future callback, a stream c10's Future
 // took from the pool and made wait for the collective. CPU buckets keep the
-// fused CPU loops (cast_kernels.h, int8_kernels.h). Two consequences:
+// fused CPU loops (reduce/cast.h, int8_kernels.h). Two consequences:
 //  * no data_ptr() loop may touch a CUDA bucket, and no value is read back to
 //    the host (it would wait for the GPU);
 //  * memory a callback's kernels use is still in use after the callback

@@ -147,6 +147,49 @@ def _cast_case(ctx, kind, dtype_name):
     return state.wire_bytes
 
 
+def _narrowed_wire(ctx, kind, dtype_name):
+    """On a braid group a float32 CPU bucket takes the allreduce on a 16-bit
+    wire (Note [Allreduce on a narrower wire]): the same bits as the closed form
+    and as the unfused composition (divide, round, a 16-bit allreduce, widen),
+    at sizes from empty to several chunks."""
+    import torch_braid.hooks as hooks
+
+    torch, dist = ctx.torch, ctx.dist
+    dtype = getattr(torch, dtype_name)
+    state = getattr(hooks, kind + "_state")()
+    fn = getattr(hooks, kind + "_compress")
+    for count in (0, 1, 1001, 300_001):
+        xs = _inputs(ctx, count, seed=7 + count % 5)
+        buf = xs[ctx.rank].clone()
+        out = fn(state, FakeBucket(buf)).wait()
+        assert out.data_ptr() == buf.data_ptr() and out.dtype == torch.float32
+        assert torch.equal(out, _cast_mean(xs, dtype)), count
+        unfused = (xs[ctx.rank] / ctx.size).to(dtype)
+        dist.all_reduce(unfused)
+        assert torch.equal(out, unfused.float()), count
+    counts = (0, 1, 1001, 300_001)  # counted per call, as the hook issues them
+    assert state.wire_bytes == sum(c * 2 * 2 * (ctx.size - 1) // ctx.size for c in counts)
+    return out
+
+
+def _narrowed_against_plain(ctx):
+    """A rank that allreduces the float32 bucket while its peers run the bf16
+    hook: every rank fails naming both, and the group stays in step."""
+    import torch_braid.hooks as hooks
+
+    torch, dist = ctx.torch, ctx.dist
+    buf = torch.ones(100)
+    want = "divided by %d as bfloat16" % ctx.size
+    with pytest.raises(RuntimeError, match=r"braid allreduce \(rank %d\).*%s" % (ctx.rank, want)):
+        if ctx.rank == 1:
+            dist.all_reduce(buf)
+        else:
+            hooks.bf16_compress(hooks.bf16_state(), FakeBucket(buf)).wait()
+    ok = torch.ones(3)
+    dist.all_reduce(ok)
+    assert torch.equal(ok, torch.full((3,), float(ctx.size)))
+
+
 def _bf16_bucket_in_bf16(ctx):
     import torch_braid.hooks as hooks
 
@@ -476,6 +519,21 @@ def test_fp16_is_fp16_rounded_mean(world):
 @pytest.mark.parametrize("world", H.sizes(fast=(2,), slow=()), indirect=True)
 def test_bf16_is_bf16_rounded_mean_in_half_the_bytes(world):
     world.run(_cast_case, "bf16", "bfloat16")
+
+
+@pytest.mark.parametrize("kind,dtype", [("bf16", "bfloat16"), ("fp16", "float16")])
+@pytest.mark.parametrize("world", H.sizes(fast=(1, 2, 3, 4), slow=(5,)), indirect=True)
+def test_narrowed_wire_matches_unfused(world, kind, dtype):
+    if world.backend != "braid":
+        pytest.skip("the narrowed allreduce is braid's")
+    _same_on_all_ranks(world.run(_narrowed_wire, kind, dtype))
+
+
+@pytest.mark.parametrize("world", H.sizes(fast=(2, 3), slow=()), indirect=True)
+def test_narrowed_against_plain_fails_every_rank(world):
+    if world.backend != "braid":
+        pytest.skip("the narrowed allreduce is braid's")
+    world.run(_narrowed_against_plain)
 
 
 @pytest.mark.parametrize("world", H.sizes(fast=(2,), slow=()), indirect=True)

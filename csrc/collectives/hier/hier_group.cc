@@ -196,6 +196,9 @@ std::string HierGroup::stageHead(const char* op, int n, const std::string& where
 }
 
 void HierGroup::allreduce(const OpDesc& op, const void* in, void* out) {
+  // Every rank of a group has the same kind of group: all of them throw here.
+  BRAID_ENFORCE(!op.narrowed(), opName(op.kind), rank(), "a group across hosts has no "
+                "narrowed allreduce (Note [Allreduce on a narrower wire]); cast first");
   if (!staged(op)) {
     if (local_) return allreduceSmall(op, in, out);
     return net::allreduce(*world_, op, in, out);

@@ -8,6 +8,7 @@ namespace braid {
 namespace collectives {
 
 void allreduce(Communicator& c, const OpDesc& op, const void* in, void* out) {
+  if (op.narrowed()) return allreduceNarrowed(c, op, in, out);
   RegionTable::Ref ref;
   const bool registered = in == out && c.regions()->find(out, op.bytes(), &ref);
   switch (c.plan(op.kind, op.bytes(), registered)) {

@@ -18,6 +18,23 @@ void allreduce(Communicator& c, const OpDesc& op, const void* in, void* out);
 void allreduceOneShot(Communicator& c, const OpDesc& op, const void* in, void* out);
 void allreduceRsAg(Communicator& c, const OpDesc& op, const void* in, void* out);
 
+// Note [Allreduce on a narrower wire]
+// DDP's fp16/bf16 compression hooks divide each float32 bucket by the world
+// size, round it to 16 bits, allreduce those, and widen the sum back into the
+// bucket: on one host, where the wire is memory, that is two passes over the
+// bucket and a third over the 16-bit copy on top of the allreduce, and they
+// made the bf16 hook slower than no hook (issue 31). When op.narrowed(), the
+// allreduce does the same arithmetic inside its own steps instead: each rank
+// rounds its float32 chunk straight into its slot, reduces its share of the
+// 16-bit slots with the same kernel and order as a 16-bit allreduce (float32
+// accumulation in rank order, one rounding: Note [Reduced-precision
+// accumulation]), and widens the reduced shares straight out of the slots.
+// The bucket is read once and written once, and only 16-bit values cross
+// between ranks; the result is bit for bit the unfused hook's. The wire type
+// and divisor travel in the op header, so ranks whose hooks differ fail
+// together. in == out allowed; op.dtype is kFloat32.
+void allreduceNarrowed(Communicator& c, const OpDesc& op, const void* in, void* out);
+
 // buf: input on the root, output elsewhere.
 void broadcast(Communicator& c, const OpDesc& op, void* buf);
 

@@ -58,6 +58,12 @@ struct OpDesc {
   uint64_t inAddr = 0;
   uint64_t outAddr = 0;
   std::vector<uint64_t> peerAddrs;
+  // Allreduce only (Note [Allreduce on a narrower wire] in collectives.h):
+  // when wireDivisor > 0 the float32 buffer's values, divided by it, travel
+  // and are summed as `wire` values (kFloat16 or kBFloat16).
+  DataType wire = DataType::kFloat32;
+  float wireDivisor = 0.f;
+  bool narrowed() const { return wireDivisor > 0.f; }
   // Set when this rank failed the op's argument checks: the op then only
   // tells the peers (see Note [Op headers]) and throws this message.
   std::string localError;

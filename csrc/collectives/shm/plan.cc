@@ -122,6 +122,7 @@ const char* algoName(Algo a) {
     case Algo::kDirect: return "direct-read";
     case Algo::kBySizes: return "size-chosen";
     case Algo::kRegistered: return "registered-buffer";
+    case Algo::kNarrowed: return "narrowed-wire";
   }
   return "unknown algorithm";
 }
@@ -149,6 +150,7 @@ bool hasDirectPath(OpKind kind) {
 bool stepsUseChunks(OpKind kind, Algo a) {
   switch (a) {
     case Algo::kShm:
+    case Algo::kNarrowed:
     case Algo::kBySizes:  // the first step already holds the shm path's first pieces
       return true;
     case Algo::kDirect:  // the others read whole blocks in one step

@@ -93,6 +93,7 @@ enum class Algo : uint32_t {
   kDirect,          // peers' buffers read directly (Note [Direct transfers])
   kBySizes,         // alltoall: kShm or kDirect, from the sizes in the headers
   kRegistered,      // allreduce in registered buffers (Note [Registered buffers])
+  kNarrowed,        // allreduce on a 16-bit wire (Note [Allreduce on a narrower wire])
 };
 const char* algoName(Algo a);
 

@@ -33,6 +33,7 @@ class ShmGroup : public Group {
   void reduceScatter(const OpDesc& op, const void* const* ins, void* out) override;
   void alltoall(const OpDesc& op, const void* const* ins, void* const* outs) override;
   void barrier(const OpDesc& op) override;
+  bool narrowsOnWire() const override { return true; }
   void failOp(const OpDesc& op) override;
   uint64_t registerBuffer(const OpDesc& op,
                           const std::shared_ptr<transport::shm::SharedRegion>& region) override;

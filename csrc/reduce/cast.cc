@@ -1,9 +1,9 @@
-#include "hooks/cast_kernels.h"
-
-#include <c10/util/BFloat16.h>
-#include <c10/util/Half.h>
+#include "reduce/cast.h"
 
 #include <cstring>
+
+#include "common/error.h"
+#include "reduce/half.h"
 
 #if defined(__x86_64__) && defined(__GNUC__)
 #include <immintrin.h>
@@ -13,7 +13,7 @@
 #endif
 
 namespace braid {
-namespace hooks {
+namespace reduce {
 namespace {
 
 // c10::BFloat16's round-to-nearest-even, written so that it vectorizes.
@@ -44,12 +44,12 @@ void widenBf16(const uint16_t* in, float* out, size_t n, bool accumulate) {
 }
 
 void narrowFp16Scalar(const float* x, uint16_t* out, size_t n, float divisor, size_t from) {
-  for (size_t i = from; i < n; ++i) out[i] = c10::Half(x[i] / divisor).x;
+  for (size_t i = from; i < n; ++i) out[i] = floatToHalf(x[i] / divisor);
 }
 
 void widenFp16Scalar(const uint16_t* in, float* out, size_t n, bool accumulate, size_t from) {
   for (size_t i = from; i < n; ++i) {
-    const float v = c10::detail::fp16_ieee_to_fp32_value(in[i]);
+    const float v = halfToFloat(in[i]);
     out[i] = accumulate ? out[i] + v : v;
   }
 }
@@ -85,23 +85,30 @@ bool hasF16c() {
 }
 #endif
 
+void checkWire(DataType wire) {
+  BRAID_ENFORCE(wire == DataType::kFloat16 || wire == DataType::kBFloat16, "cast", -1,
+                "the 16-bit type must be float16 or bfloat16, got ", toString(wire));
+}
+
 }  // namespace
 
-void narrowDivided(const float* x, uint16_t* out, size_t n, float divisor, Half16 type) {
-  if (type == Half16::kBFloat16) return narrowBf16(x, out, n, divisor);
+void narrowDivided(const float* x, uint16_t* out, size_t n, float divisor, DataType wire) {
+  checkWire(wire);
+  if (wire == DataType::kBFloat16) return narrowBf16(x, out, n, divisor);
 #if BRAID_CAST_X86
   if (hasF16c()) return narrowFp16F16c(x, out, n, divisor);
 #endif
   narrowFp16Scalar(x, out, n, divisor, 0);
 }
 
-void widen(const uint16_t* in, float* out, size_t n, Half16 type, bool accumulate) {
-  if (type == Half16::kBFloat16) return widenBf16(in, out, n, accumulate);
+void widen(const uint16_t* in, float* out, size_t n, DataType wire, bool accumulate) {
+  checkWire(wire);
+  if (wire == DataType::kBFloat16) return widenBf16(in, out, n, accumulate);
 #if BRAID_CAST_X86
   if (hasF16c()) return widenFp16F16c(in, out, n, accumulate);
 #endif
   widenFp16Scalar(in, out, n, accumulate, 0);
 }
 
-}  // namespace hooks
+}  // namespace reduce
 }  // namespace braid
