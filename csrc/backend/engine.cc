@@ -2,6 +2,7 @@
 
 #include <sched.h>
 
+#include "common/cpu_cores.h"
 #include "common/cpu_relax.h"
 #include "common/error.h"
 #include "common/exit_guard.h"
@@ -11,14 +12,12 @@
 
 namespace braid {
 
-// Off by default: with one core per rank, a worker polling for the next op
-// takes the core from the thread that is about to submit it. Measured with
-// 2 ranks on 2 cores, 4-byte allreduce: 14 us with 0, 32-44 us with 20 us of
-// polling (benchmarks/collectives.py --env BRAID_WORKER_SPIN_US=0,20,100).
-// It can pay where cores are idle.
-BRAID_SETTING_INT(kWorkerSpinUs, "BRAID_WORKER_SPIN_US", 0,
-                  "Microseconds the worker polls for the next op before sleeping; can save a "
-                  "wake-up between back-to-back small ops when cores are idle.");
+// BRAID_WORKER_SPIN_US is declared with the policy that sets its default
+// (Note [How long to spin] in common/cpu_cores.h). Off unless every rank has
+// spare cores: with one core per rank, a worker polling for the next op takes
+// the core from the thread that is about to submit it. Measured with 2 ranks
+// on 2 cores, 4-byte allreduce: 14 us with 0, 32-44 us with 20 us of polling
+// (benchmarks/collectives.py --env BRAID_WORKER_SPIN_US=0,20,100).
 
 namespace {
 std::atomic<BlockingCallWrapper> blockingWrapper{nullptr};
@@ -32,6 +31,12 @@ void setBlockingCallWrapper(BlockingCallWrapper w) { blockingWrapper.store(w); }
 
 Engine::Engine(std::unique_ptr<collectives::Group> group, std::chrono::milliseconds timeout)
     : group_(std::move(group)), timeout_(timeout) {
+  // The group's ranks on this host: all of them for a group on one host; a
+  // group across hosts counts more than are here, which only errs towards
+  // the short spins.
+  const SpinPolicy policy = spinPolicyFor(group_->size(), group_->rank());
+  workerIdle_ = policy.workerIdle;
+  q_->waiterSpin = policy.workerIdle;  // a caller spins only where the worker has its own core
   worker_ = std::thread([this] { loop(); });
   named(worker_, "braid-worker");
 }
@@ -68,8 +73,13 @@ Engine::Job takeFront(Engine::Queue& q) {
 }
 
 // Runs a job taken with takeFront; unless `nested`, then lets the next one go.
-void runTaken(Engine::Queue& q, Engine::Job& job, bool nested) {
-  std::exception_ptr error = job.run();
+// `boost`: Note [Spinning for a blocked rank] in common/cpu_cores.h.
+void runTaken(Engine::Queue& q, Engine::Job& job, bool nested, const std::atomic<int>* boost) {
+  std::exception_ptr error;
+  {
+    SpinBoost spin(boost);
+    error = job.run();
+  }
   if (job.finish) {
     if (!nested) {  // for the message of Note [A job that cannot start]
       q.finishingSince.store(std::chrono::steady_clock::now().time_since_epoch().count(),
@@ -103,7 +113,8 @@ bool Engine::runHereIfNext(const QueuePtr& qp, uint64_t id) {
     nested = q.running;
     job = takeFront(q);
   }
-  runTaken(q, job, nested);
+  // This thread waits for the op anyway: its waits may spin long.
+  runTaken(q, job, nested, SpinBoost::always());
   return true;
 }
 
@@ -123,7 +134,7 @@ bool Engine::expireIfQueued(const QueuePtr& qp, uint64_t id,
 
 void Engine::loop() {
   Queue& q = *q_;
-  const auto spin = std::chrono::microseconds(kWorkerSpinUs.get());
+  const auto spin = workerIdle_;
   for (;;) {
     // See Note [Spin, then sleep]: a short poll catches back-to-back ops
     // without a wake-up.
@@ -139,7 +150,9 @@ void Engine::loop() {
       if (q.stop && q.jobs.empty()) return;
       job = takeFront(q);
     }
-    runTaken(q, job, false);
+    // Long spins only while a caller waits for the op (Note [Spinning for a
+    // blocked rank]): DDP computes backward beside the worker's allreduces.
+    runTaken(q, job, false, &q.waiters);
     dropOrLeak(job);  // Note [Dropping Python objects at exit]
   }
 }
@@ -150,7 +163,9 @@ void Engine::drain() {
     std::unique_lock<std::mutex> lock(q.mu);
     if (q.running && q.runner == std::this_thread::get_id()) return;
     ++q.idleWaiters;
+    q.waiters.fetch_add(1, std::memory_order_relaxed);  // Note [Spinning for a blocked rank]
     q.cv.wait(lock, [&] { return q.stop || (q.jobs.empty() && !q.running); });
+    q.waiters.fetch_sub(1, std::memory_order_relaxed);
     --q.idleWaiters;
   };
   if (auto wrap = blockingWrapper.load()) {

@@ -71,6 +71,13 @@ class Engine {
     std::thread::id runner;
     // steady_clock ticks when the running job's `finish` began, 0 before.
     std::atomic<int64_t> finishingSince{0};
+    // Callers blocked on a job of this queue (WorkBraid::wait, drain()):
+    // while there are any, the worker's waits may spin long (Note [Spinning
+    // for a blocked rank] in common/cpu_cores.h).
+    std::atomic<int> waiters{0};
+    // How long such a caller polls for its op's end before sleeping: only
+    // where the worker has a core of its own (SpinPolicy::workerIdle), else 0.
+    std::chrono::microseconds waiterSpin{0};
   };
   using QueuePtr = std::shared_ptr<Queue>;
 
@@ -110,6 +117,7 @@ class Engine {
   std::unique_ptr<collectives::Group> group_;
   std::chrono::milliseconds timeout_;
   QueuePtr q_ = std::make_shared<Queue>();
+  std::chrono::microseconds workerIdle_{0};  // SpinPolicy::workerIdle
   std::thread worker_;
 };
 

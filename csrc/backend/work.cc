@@ -3,6 +3,7 @@
 #include <c10/core/StreamGuard.h>
 #include <c10/core/impl/VirtualGuardImpl.h>
 
+#include "common/cpu_relax.h"
 #include "common/error.h"
 
 namespace braid {
@@ -80,8 +81,21 @@ bool WorkBraid::wait(std::chrono::milliseconds timeout) {
     return true;
   }
   if (p2pStall_ && timeout.count() == 0 && !isCompleted()) failIfStalled();
+  // While this caller is blocked on the worker's op, the worker's waits may
+  // spin long: this thread's core is idle (Note [Spinning for a blocked rank]
+  // in common/cpu_cores.h).
+  struct Waiting {
+    std::atomic<int>* n;
+    explicit Waiting(std::atomic<int>* c) : n(c) {
+      if (n) n->fetch_add(1, std::memory_order_relaxed);
+    }
+    ~Waiting() {
+      if (n) n->fetch_sub(1, std::memory_order_relaxed);
+    }
+  } waiting(queue_ && !isCompleted() ? &queue_->waiters : nullptr);
   if (queue_ && !isCompleted()) {
     Engine::runHereIfNext(queue_, jobId_);
+    pollForEnd();
     // A wait without a timeout of its own ends by the op's deadline if the job
     // never started (Note [A job that cannot start] in backend/engine.h).
     if (timeout.count() == 0 && !isCompleted()) failIfNotStarted();  // 0: kNoTimeout
@@ -89,6 +103,17 @@ bool WorkBraid::wait(std::chrono::milliseconds timeout) {
   bool done = c10d::Work::wait(timeout);
   if (done) blockCurrentStream();
   return done;
+}
+
+void WorkBraid::pollForEnd() {
+  // Saves the worker's wake-up of this thread where the worker has a core of
+  // its own (Queue::waiterSpin is 0 elsewhere: Note [How long to spin]).
+  const auto spin = queue_->waiterSpin;
+  if (spin.count() <= 0) return;
+  const auto until = std::chrono::steady_clock::now() + spin;
+  while (!done_.load(std::memory_order_acquire) && std::chrono::steady_clock::now() < until) {
+    for (int i = 0; i < 32; ++i) cpuRelax();
+  }
 }
 
 namespace {

@@ -8,6 +8,8 @@
 
 #include <climits>
 
+#include "common/cpu_cores.h"
+
 namespace braid {
 namespace transport {
 namespace shm {
@@ -47,11 +49,11 @@ void sleepOnWord(Counter& c, uint32_t seen, std::chrono::microseconds slice) {
 }
 
 WaitResult waitAtLeast(Counter& c, uint64_t target, std::chrono::microseconds slice,
-                       std::chrono::nanoseconds spin) {
+                       std::chrono::nanoseconds spin, std::chrono::nanoseconds longSpin) {
   if (c.value.load(std::memory_order_acquire) >= target) return WaitResult::kReached;
   struct timespec t0;
   clock_gettime(CLOCK_MONOTONIC, &t0);
-  const int64_t budget = spin.count();
+  int64_t budget = spin.count();
   for (int i = 1;; ++i) {
     cpuRelax();
     if (c.value.load(std::memory_order_acquire) >= target) return WaitResult::kReached;
@@ -59,7 +61,14 @@ WaitResult waitAtLeast(Counter& c, uint64_t target, std::chrono::microseconds sl
       struct timespec t;
       clock_gettime(CLOCK_MONOTONIC, &t);
       int64_t elapsed = (t.tv_sec - t0.tv_sec) * 1000000000LL + (t.tv_nsec - t0.tv_nsec);
-      if (elapsed > budget) break;
+      if (elapsed <= budget) continue;
+      // Note [Spinning for a blocked rank]: a caller may have started to
+      // wait for the op since the last round.
+      if (longSpin.count() > budget && SpinBoost::active()) {
+        budget = longSpin.count();
+        continue;
+      }
+      break;
     }
   }
   uint32_t seen = c.futexWord.load(std::memory_order_seq_cst);

@@ -1,11 +1,14 @@
 // A published counter in shared memory that waiters can sleep on.
 //
 // Note [Spin, then sleep]
-// A waiter first spins for BRAID_SHM_SPIN_US (a few microseconds: the common
-// case with one rank per core), then sleeps on a process-shared futex. The
-// publisher only makes the wake syscall when someone sleeps. With more ranks
-// than cores (4 ranks on 2 cores) spinning steals the core from the very peer
-// being waited for, so the spin is kept short. It never calls sched_yield:
+// A waiter first spins, then sleeps on a process-shared futex. The publisher
+// only makes the wake syscall when someone sleeps. How long it spins is the
+// group's SpinPolicy (Note [How long to spin] in common/cpu_cores.h): long
+// (1 ms) while its rank is blocked on the op and every rank has a core, short
+// (20 us) otherwise: with more ranks than cores (4 ranks on 2 cores)
+// spinning steals the core from the very peer being waited for, and a worker
+// that spins beside the rank's own computation takes its core. It never
+// calls sched_yield:
 // on a loaded machine a yield can hand the core to an unrelated process for a
 // whole scheduling period (milliseconds), while a futex wake is immediate.
 #pragma once
@@ -35,9 +38,12 @@ static_assert(sizeof(Counter) == 128, "Counter must be two cache lines");
 
 enum class WaitResult { kReached, kTimedOut };
 
-// Waits until c.value >= target, for at most `slice`. Spins for `spin` first, then sleeps.
+// Waits until c.value >= target, for at most `slice`. Spins for `spin` first,
+// or for `longSpin` while the calling thread's SpinBoost is active (read
+// between spin rounds: Note [Spinning for a blocked rank]), then sleeps.
 WaitResult waitAtLeast(Counter& c, uint64_t target, std::chrono::microseconds slice,
-                       std::chrono::nanoseconds spin);
+                       std::chrono::nanoseconds spin,
+                       std::chrono::nanoseconds longSpin = std::chrono::nanoseconds(0));
 
 // Sleeps until the futex word changes from `seen` or the slice passes.
 void sleepOnWord(Counter& c, uint32_t seen, std::chrono::microseconds slice);

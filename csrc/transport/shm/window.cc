@@ -10,6 +10,7 @@
 #include <cstring>
 #include <sstream>
 
+#include "common/cpu_cores.h"
 #include "common/error.h"
 #include "common/logging.h"
 #include "common/settings.h"
@@ -25,8 +26,6 @@ BRAID_SETTING_INT(kSlotBytes, "BRAID_SHM_SLOT_BYTES", 1 << 20,
 BRAID_SETTING_BOOL(kUseCma, "BRAID_SHM_CMA", true,
                    "Let large transfers read peers' memory directly (process_vm_readv) when "
                    "the OS permits it; 0 keeps every transfer in shared memory.");
-BRAID_SETTING_INT(kSpinUs, "BRAID_SHM_SPIN_US", 20,
-                  "Microseconds a waiting rank spins before it sleeps on a futex.");
 BRAID_SETTING_INT(kChannelBytes, "BRAID_SHM_P2P_BYTES", 0,
                   "Bytes of each point-to-point ring (one per ordered pair of ranks); 0: 1 MiB "
                   "up to 17 ranks, then 16 MiB / (ranks - 1), at least 256 KiB (Note [Ring "
@@ -155,23 +154,28 @@ std::unique_ptr<ShmWindow> ShmWindow::create(Store& store, int rank, int size,
                 chan);
   size_t control = roundUp(std::max<size_t>(opts.controlBytes, 64), 64);
   std::unique_ptr<ShmWindow> w(new ShmWindow(rank, size, slot, control, chan));
-  // Read per group, as settings.h promises (a process can sweep it), not once per process.
-  int64_t spinUs = opts.spinUs >= 0 ? opts.spinUs : kSpinUs.get();
-  BRAID_ENFORCE(spinUs >= 0, "init", rank, "BRAID_SHM_SPIN_US must be >= 0, got ", spinUs);
-  w->spin_ = std::chrono::microseconds(spinUs);
+  // Read per group, as settings.h promises (a process can sweep it), not once
+  // per process; Note [How long to spin] in common/cpu_cores.h.
+  const SpinPolicy policy = spinPolicyFor(size, rank);
+  if (opts.spinUs >= 0) {
+    w->spin_ = w->longSpin_ = std::chrono::microseconds(opts.spinUs);
+  } else {
+    w->spin_ = policy.shortSpin;
+    w->longSpin_ = policy.longSpin;
+  }
   w->names_ = opts.peerNames;
   // Note [Spin, then sleep]: with more ranks than cores a long spin cannot make a rank faster
   // (the kernel preempts the spinner for the peer it waits for) but takes the core from every
   // other thread there (benchmarks/concurrency.py, 4 ranks on 2 cores, 100000 us: gloo beside it
-  // ran 1.8x slower at 4 KiB and braid had 35x the involuntary switches at 1 MiB).
+  // ran 1.8x slower at 4 KiB and braid had 35x the involuntary switches at 1 MiB). The automatic
+  // policy never does that; an explicit value is kept, with a warning.
   static std::atomic<bool> warned{false};  // once per process, not per group and rank
-  cpu_set_t cpus;
-  if (spinUs > 200 && sched_getaffinity(0, sizeof(cpus), &cpus) == 0 && size > CPU_COUNT(&cpus) &&
-      !warned.exchange(true)) {
-    BRAID_LOG(kWarn, "shm", rank) << "BRAID_SHM_SPIN_US=" << spinUs << " with " << size
-                                  << " ranks on " << CPU_COUNT(&cpus)
-                                  << " cores: spinning waiters take the cores of the ranks they "
-                                     "wait for; keep it at a few tens of microseconds";
+  const auto longest = std::chrono::duration_cast<std::chrono::microseconds>(w->longSpin_);
+  if (longest.count() > 200 && !policy.everyRankHasACore && !warned.exchange(true)) {
+    BRAID_LOG(kWarn, "shm", rank) << "BRAID_SHM_SPIN_US=" << longest.count() << " with " << size
+                                  << " ranks on " << policy.cores
+                                  << " usable cores: spinning waiters take the cores of the ranks "
+                                     "they wait for; keep it at a few tens of microseconds";
   }
 
   // Keys carry an incarnation number so that a reused store (file://) never
@@ -339,7 +343,7 @@ void ShmWindow::wait(int peer, uint64_t step, const WaitContext& ctx) {
     auto left = std::chrono::duration_cast<std::chrono::microseconds>(ctx.deadline - now);
     auto slice = std::min<std::chrono::microseconds>(std::max(left, std::chrono::microseconds(1)),
                                                      kLivenessPeriod);
-    if (waitAtLeast(c, step, slice, spin_) == WaitResult::kReached) return;
+    if (waitAtLeast(c, step, slice, spin_, longSpin_) == WaitResult::kReached) return;
     std::string why;
     if (peerGone(peer, &why)) {
       BRAID_THROW(PeerLostError, ctx.op, rank_, why, " while this rank waited for it in op #",

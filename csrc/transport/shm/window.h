@@ -23,7 +23,7 @@ struct WindowOptions {
   // channels are used (ShmTransport). The window does not read them.
   size_t controlBytes = 0;
   std::chrono::milliseconds timeout{300000};  // for the rendezvous through the store
-  int64_t spinUs = -1;      // -1: BRAID_SHM_SPIN_US
+  int64_t spinUs = -1;      // -1: BRAID_SHM_SPIN_US's policy (common/cpu_cores.h)
   int useCma = -1;          // -1: BRAID_SHM_CMA; 0 or 1 override it
   // How errors name each rank ("rank 3 on host 'b'", for a host's group
   // inside a group across hosts); empty: "rank <its rank here>".
@@ -95,7 +95,10 @@ class ShmWindow : public Window {
   std::vector<std::unique_ptr<RingChannel>> to_, from_;
   std::atomic<bool> aborted_{false};
   std::atomic<bool> gaveUp_{false};
-  std::chrono::nanoseconds spin_{0};  // Note [Spin, then sleep]; fixed when the group is made
+  // Note [Spin, then sleep]; fixed when the group is made: spin_ for a
+  // waiter beside its rank's work, longSpin_ for one whose rank is blocked on
+  // the op (Note [Spinning for a blocked rank] in common/cpu_cores.h).
+  std::chrono::nanoseconds spin_{0}, longSpin_{0};
   bool canReadPeers_ = false;
   std::vector<int> pids_;
   std::vector<std::string> names_;
