@@ -34,6 +34,20 @@ def print_network(out):
         print(f"  libcrypto       none: TCP groups will fail: {crypto['error']}", file=out)
 
 
+def print_cores(out):
+    """The cores ranks here may count on, and the spin policy that follows (Notes [Counting
+    cores] and [How long to spin] in csrc/common/cpu_cores.h)."""
+    cores = torch_braid._C.cores_info()
+    print(f"  cores           {cores['describe']}", file=out)
+    n = cores["cores"]
+    # The two cases that differ: one rank per core, and one rank more than the cores.
+    for ranks in sorted({n, n + 1}):
+        policy = torch_braid._C.cores_info(ranks)["policy"]
+        print(f"  spin policy     {policy}", file=out)
+    print("                  (BRAID_SHM_SPIN_US / BRAID_WORKER_SPIN_US set explicitly win)",
+          file=out)
+
+
 def cuda_line(info):
     """CUDA tensors: which executors a group can choose, and what this machine has."""
     kernels = "GPU kernels built" if info.get("cuda_kernels") else "no GPU kernels (built without nvcc)"
@@ -59,6 +73,7 @@ def main(out=sys.stdout):
     where = info.get("pybind11_include")
     print(f"  pybind11        {info.get('pybind11', '?')}" + (f" ({where})" if where else ""),
           file=out)
+    print_cores(out)
     print("", file=out)
     print_network(out)
     print("", file=out)

@@ -68,3 +68,22 @@ def test_info_names_torchs_pybind11():
     if os.path.exists(os.path.join(bundled, "pybind11", "detail", "common.h")):
         assert info["pybind11"] == _header_version(bundled), (info, bundled)
         assert os.path.realpath(info["pybind11_include"]) == os.path.realpath(bundled), info
+
+
+def test_info_shows_the_cores_and_the_spin_policy():
+    """The cores ranks here may count on (affinity, then the cgroup quota) and the automatic
+    spin policy at one rank per core and at one rank more (Note [How long to spin])."""
+    if H.BACKEND != "braid" and importlib.util.find_spec("torch_braid") is None:
+        pytest.skip("torch_braid is not importable (backend under test is not braid)")
+    env = dict(os.environ,
+               PYTHONPATH=os.pathsep.join([H.PYTHON_DIR, os.environ.get("PYTHONPATH", "")]))
+    proc = subprocess.run([sys.executable, "-m", "torch_braid.info"], env=env,
+                          capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 0, f"exit code {proc.returncode}:\n{proc.stdout}\n{proc.stderr}"
+    m = re.search(r"^  cores           (\d+) \(affinity (\d+), ", proc.stdout, re.M)
+    assert m, proc.stdout[:2000]
+    cores, affinity = int(m.group(1)), int(m.group(2))
+    assert 1 <= cores <= affinity == len(os.sched_getaffinity(0)), proc.stdout[:2000]
+    assert f"{cores} rank(s) here on {cores} core(s)" in proc.stdout
+    assert "every rank has a core; waits spin 1000 us" in proc.stdout, proc.stdout[:2000]
+    assert "ranks outnumber the cores; waits spin 20 us" in proc.stdout, proc.stdout[:2000]
