@@ -31,8 +31,8 @@ inline float bf16Value(uint16_t b) {
   return f;
 }
 
-void narrowBf16(const float* x, uint16_t* out, size_t n, float divisor) {
-  for (size_t i = 0; i < n; ++i) out[i] = bf16Bits(x[i] / divisor);
+void narrowBf16(const float* x, uint16_t* out, size_t n, float divisor, size_t from) {
+  for (size_t i = from; i < n; ++i) out[i] = bf16Bits(x[i] / divisor);
 }
 
 void widenBf16(const uint16_t* in, float* out, size_t n, bool accumulate) {
@@ -79,6 +79,37 @@ __attribute__((target("avx,f16c"))) void widenFp16F16c(const uint16_t* in, float
   widenFp16Scalar(in, out, n, accumulate, i);
 }
 
+// bf16Bits on 16 values at a time; the scalar loop above did not vectorize
+// (the NaN select), and ran at 2.5x F16C's time (6.5 M values: 2.0 ms
+// against 0.8 ms on this machine's AVX2 cores).
+__attribute__((target("avx2"))) __m256i bf16Round(__m256 v) {
+  const __m256i u = _mm256_castps_si256(v);
+  const __m256i lsb = _mm256_and_si256(_mm256_srli_epi32(u, 16), _mm256_set1_epi32(1));
+  const __m256i r =
+      _mm256_srli_epi32(_mm256_add_epi32(_mm256_add_epi32(u, _mm256_set1_epi32(0x7fff)), lsb), 16);
+  const __m256i nan = _mm256_castps_si256(_mm256_cmp_ps(v, v, _CMP_UNORD_Q));
+  return _mm256_blendv_epi8(r, _mm256_set1_epi32(0x7fc0), nan);
+}
+
+__attribute__((target("avx2"))) void narrowBf16Avx2(const float* x, uint16_t* out, size_t n,
+                                                    float divisor) {
+  const __m256 d = _mm256_set1_ps(divisor);
+  size_t i = 0;
+  for (; i + 16 <= n; i += 16) {
+    const __m256i lo = bf16Round(_mm256_div_ps(_mm256_loadu_ps(x + i), d));
+    const __m256i hi = bf16Round(_mm256_div_ps(_mm256_loadu_ps(x + i + 8), d));
+    // packus works within 128-bit lanes: [lo0-3 hi0-3 | lo4-7 hi4-7]; reorder.
+    const __m256i packed = _mm256_permute4x64_epi64(_mm256_packus_epi32(lo, hi), 0xD8);
+    _mm256_storeu_si256(reinterpret_cast<__m256i*>(out + i), packed);
+  }
+  narrowBf16(x, out, n, divisor, i);
+}
+
+bool hasAvx2() {
+  static const bool has = __builtin_cpu_supports("avx2");
+  return has;
+}
+
 bool hasF16c() {
   static const bool has = __builtin_cpu_supports("avx") && __builtin_cpu_supports("f16c");
   return has;
@@ -94,10 +125,11 @@ void checkWire(DataType wire) {
 
 void narrowDivided(const float* x, uint16_t* out, size_t n, float divisor, DataType wire) {
   checkWire(wire);
-  if (wire == DataType::kBFloat16) return narrowBf16(x, out, n, divisor);
 #if BRAID_CAST_X86
-  if (hasF16c()) return narrowFp16F16c(x, out, n, divisor);
+  if (wire == DataType::kBFloat16 && hasAvx2()) return narrowBf16Avx2(x, out, n, divisor);
+  if (wire == DataType::kFloat16 && hasF16c()) return narrowFp16F16c(x, out, n, divisor);
 #endif
+  if (wire == DataType::kBFloat16) return narrowBf16(x, out, n, divisor, 0);
   narrowFp16Scalar(x, out, n, divisor, 0);
 }
 

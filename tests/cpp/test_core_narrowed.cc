@@ -11,6 +11,7 @@
 #include "collectives/shm/collectives.h"
 #include "core_group.h"
 #include "memory_store.h"
+#include "reduce/cast.h"
 #include "reduce/half.h"
 
 namespace braid {
@@ -50,6 +51,41 @@ float closedForm(int n, size_t i, DataType wire, float divisor) {
     sum = q == 0 ? part : sum + part;
   }
   return widen16(round16(sum, wire), wire);
+}
+
+// The SIMD loops against the scalar rounding, on random bit patterns (every
+// exponent, NaN, inf, subnormals, ties) and a length that leaves a tail.
+TEST(CastLoops, RoundAsTorchDoes) {
+  std::vector<float> x(100003);
+  uint32_t state = 12345;
+  for (float& v : x) {
+    state = state * 1664525u + 1013904223u;
+    v = reduce::bitsFloat(state);
+  }
+  x[0] = 1.f + 0x1p-8f;  // a tie for bf16: rounds to even
+  x[1] = 65520.f;        // overflows fp16
+  for (DataType wire : {DataType::kBFloat16, DataType::kFloat16}) {
+    for (float divisor : {1.f, 2.f, 3.f, 7.f}) {
+      std::vector<uint16_t> got(x.size());
+      reduce::narrowDivided(x.data(), got.data(), x.size(), divisor, wire);
+      for (size_t i = 0; i < x.size(); ++i) {
+        const float q = x[i] / divisor;
+        if (q != q) {  // torch's bf16 NaN is 0x7fc0; fp16 keeps a quiet NaN
+          ASSERT_TRUE(std::isnan(widen16(got[i], wire))) << i;
+          if (wire == DataType::kBFloat16) ASSERT_EQ(got[i], 0x7fc0) << i;
+          continue;
+        }
+        ASSERT_EQ(got[i], round16(q, wire)) << toString(wire) << " / " << divisor << " at " << i
+                                            << ": " << q;
+      }
+      std::vector<float> back(x.size(), 1.f);
+      reduce::widen(got.data(), back.data(), x.size(), wire, false);
+      for (size_t i = 0; i < x.size(); ++i) {
+        const float want = widen16(got[i], wire);
+        ASSERT_TRUE(back[i] == want || (std::isnan(back[i]) && std::isnan(want))) << i;
+      }
+    }
+  }
 }
 
 class Narrowed : public ::testing::TestWithParam<int> {};
