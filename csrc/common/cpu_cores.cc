@@ -2,7 +2,10 @@
 
 #include <sched.h>
 
+#include <time.h>
+
 #include <algorithm>
+#include <cstdio>
 #include <cmath>
 #include <fstream>
 #include <mutex>
@@ -184,6 +187,38 @@ SpinPolicy chooseSpinPolicy(int cores, int ranksHere, int threadsPerRank, int64_
   return p;
 }
 
+namespace {
+std::atomic<int> lastCores{0};  // of the last policy chosen: what coresToSpare compares with
+
+// The host's runnable threads now ("0.50 0.40 0.30 3/120 4567": 3), 0 if unknown.
+int runnableNow() {
+  char buf[128];
+  FILE* f = std::fopen("/proc/loadavg", "r");
+  if (!f) return 0;
+  size_t n = std::fread(buf, 1, sizeof(buf) - 1, f);
+  std::fclose(f);
+  buf[n] = 0;
+  double a, b, c;
+  int running = 0, total = 0;
+  return std::sscanf(buf, "%lf %lf %lf %d/%d", &a, &b, &c, &running, &total) == 5 ? running : 0;
+}
+}  // namespace
+
+bool coresToSpare() {
+  static std::atomic<int64_t> readAt{0};  // 0: never
+  static std::atomic<bool> spare{true};
+  struct timespec t;
+  clock_gettime(CLOCK_MONOTONIC_COARSE, &t);
+  const int64_t now = t.tv_sec * 1000000000LL + t.tv_nsec;
+  const int64_t at = readAt.load(std::memory_order_relaxed);
+  if (at == 0 || now - at >= 1000000) {
+    readAt.store(now, std::memory_order_relaxed);
+    const int cores = lastCores.load(std::memory_order_relaxed);
+    spare.store(cores <= 0 || runnableNow() <= cores, std::memory_order_relaxed);
+  }
+  return spare.load(std::memory_order_relaxed);
+}
+
 SpinPolicy spinPolicyFor(int ranksHere, int rank) {
   const int64_t shm = kShmSpinUs.get(), worker = kWorkerSpinUs.get();
   BRAID_ENFORCE(shm >= -1, "init", rank, "BRAID_SHM_SPIN_US must be >= 0 (or -1: automatic), got ",
@@ -192,6 +227,7 @@ SpinPolicy spinPolicyFor(int ranksHere, int rank) {
                 "BRAID_WORKER_SPIN_US must be >= 0 (or -1: automatic), got ", worker);
   const UsableCores u = usableCores();
   SpinPolicy p = chooseSpinPolicy(u.cores, ranksHere, kBraidThreadsPerRank, shm, worker);
+  lastCores.store(u.cores, std::memory_order_relaxed);
   // Once per process, as groups of one size usually repeat (one per
   // new_group); a group of another size logs its own.
   static std::mutex mu;

@@ -61,7 +61,11 @@ UsableCores usableCores(const CgroupFiles& files = CgroupFiles(), int affinity =
 // point-to-point progress thread) get no core of their own on a full host,
 // so they spin short: a worker that spins beside backward takes the core
 // backward needs. Only where every rank has two cores (its thread and the
-// worker's) does the idle worker poll for the next op.
+// worker's) does the idle worker poll for the next op. Counting cores is
+// not enough on a host that runs other work: Notes [Nobody else wants the
+// cores] (below), [A preempted spinner sleeps] (transport/shm/futex.cc) and
+// [Spin less when spinning fails] (transport/shm/window.cc) take the long
+// spin back when it does not pay.
 struct SpinPolicy {
   // A waiter that may hold a core somebody needs: the worker running an op
   // nobody waits for yet, or every waiter when ranks outnumber the cores.
@@ -89,6 +93,18 @@ SpinPolicy chooseSpinPolicy(int cores, int ranksHere, int threadsPerRank, int64_
 // BRAID_WORKER_SPIN_US (explicit values win). Logged at info level once per
 // process (and again when it differs from the last one logged).
 SpinPolicy spinPolicyFor(int ranksHere, int rank);
+
+// Note [Nobody else wants the cores]
+// The policy counts the cores a rank may use, not what else runs there: with
+// a 2-job compile beside 2 ranks on this 2-core machine, a 1 ms spin took the
+// core while the peer it waited for had none (4-byte allreduce 56 us against
+// 10 us with 20 us of spin, 1 MiB 364 against 291 us; medians of 5
+// alternating runs). So before a wait spins long it checks that the threads
+// runnable on the whole host right now (/proc/loadavg's fourth field, this
+// one included) do not outnumber the usable cores, read at most once a
+// millisecond. Only waits that already spun the short spin pay for it: they
+// would otherwise sleep, which costs more.
+bool coresToSpare();
 
 // braid's threads per rank beside the rank's own: the worker that runs ops
 // (backend/engine.h) and the point-to-point progress thread (started on the

@@ -4,6 +4,7 @@
 #include <gtest/gtest.h>
 
 #include <stdlib.h>
+#include <sys/resource.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
@@ -204,24 +205,68 @@ TEST(SpinBoost, ScopesNestAndFollowTheFlag) {
   EXPECT_TRUE(SpinBoost::active());
 }
 
+long involuntarySwitches() {
+  struct rusage ru;
+  getrusage(RUSAGE_THREAD, &ru);
+  return ru.ru_nivcsw;
+}
+
 // A boosted waiter spins past the short spin and never sleeps: the
 // publisher sees no sleeper. An unboosted one sleeps after the short spin.
+// A boosted one that the kernel preempts sleeps too (Note [A preempted
+// spinner sleeps]): such a try proves nothing either way.
 TEST(SpinBoost, BoostedWaitSpinsLong) {
   using namespace transport::shm;
-  for (bool boosted : {false, true}) {
+  auto sleptWhileWaiting = [](bool boosted, bool* preempted) {
     Counter c;
     std::atomic<bool> sawSleeper{false};
     std::thread pub([&] {
-      std::this_thread::sleep_for(std::chrono::milliseconds(20));
+      std::this_thread::sleep_for(std::chrono::milliseconds(5));
       sawSleeper = c.sleepers.load() > 0;
       c.publish(1);
     });
     SpinBoost b(boosted ? SpinBoost::always() : nullptr);
+    const long before = involuntarySwitches();
     EXPECT_EQ(waitAtLeast(c, 1, std::chrono::seconds(5), microseconds(20), std::chrono::seconds(5)),
               WaitResult::kReached);
+    *preempted = involuntarySwitches() != before;
     pub.join();
-    EXPECT_EQ(sawSleeper.load(), !boosted) << (boosted ? "boosted" : "not boosted");
+    return sawSleeper.load();
+  };
+  bool preempted = false;
+  EXPECT_TRUE(sleptWhileWaiting(false, &preempted));
+  for (int i = 0; i < 10; ++i) {
+    const bool slept = sleptWhileWaiting(true, &preempted);
+    EXPECT_TRUE(!slept || preempted) << "try " << i << ": a boosted waiter slept unpreempted";
+    if (!preempted) break;
   }
+}
+
+// Note [Spin less when spinning fails]: a boosted wait whose long spin ran
+// out says so; one that the spin saw through, or an unboosted one, does not.
+TEST(SpinBoost, ALongSpinThatRanOutSaysSo) {
+  using namespace transport::shm;
+  SpinBoost b(SpinBoost::always());
+  for (int lateMs : {0, 30}) {
+    Counter c;
+    bool spunOut = false;
+    std::thread pub([&] {
+      if (lateMs) std::this_thread::sleep_for(std::chrono::milliseconds(lateMs));
+      c.publish(1);
+    });
+    if (!lateMs) pub.join();
+    EXPECT_EQ(waitAtLeast(c, 1, std::chrono::seconds(5), microseconds(20), microseconds(1000),
+                          &spunOut),
+              WaitResult::kReached);
+    if (lateMs) pub.join();
+    EXPECT_EQ(spunOut, lateMs > 0) << "publisher late by " << lateMs << " ms";
+  }
+  SpinBoost none(nullptr);
+  Counter c;
+  bool spunOut = false;
+  EXPECT_EQ(waitAtLeast(c, 1, microseconds(2000), microseconds(20), microseconds(1000), &spunOut),
+            WaitResult::kTimedOut);
+  EXPECT_FALSE(spunOut);
 }
 
 }  // namespace

@@ -2,6 +2,7 @@
 
 #include <linux/futex.h>
 #include <sched.h>
+#include <sys/resource.h>
 #include <sys/syscall.h>
 #include <time.h>
 #include <unistd.h>
@@ -19,6 +20,20 @@ namespace {
 long futex(std::atomic<uint32_t>* addr, int op, uint32_t val, const struct timespec* ts) {
   // Not FUTEX_PRIVATE: the word lives in memory shared between processes.
   return syscall(SYS_futex, reinterpret_cast<uint32_t*>(addr), op, val, ts, nullptr, 0);
+}
+
+// Note [A preempted spinner sleeps]
+// A long spin is only worth it while the spinner has its core to itself. The
+// policy counts cores, not what else runs on them (a compiler, another job,
+// braid's own worker waking): when the kernel preempts this thread in the
+// middle of the spin, somebody else wanted its core, maybe the very peer it
+// waits for, so it stops spinning and sleeps (and the window spins less next
+// time: Note [Spin less when spinning fails] in window.cc). RUSAGE_THREAD
+// counts this thread's involuntary context switches.
+long involuntarySwitches() {
+  struct rusage ru;
+  if (getrusage(RUSAGE_THREAD, &ru) != 0) return 0;
+  return ru.ru_nivcsw;
 }
 
 }  // namespace
@@ -49,11 +64,13 @@ void sleepOnWord(Counter& c, uint32_t seen, std::chrono::microseconds slice) {
 }
 
 WaitResult waitAtLeast(Counter& c, uint64_t target, std::chrono::microseconds slice,
-                       std::chrono::nanoseconds spin, std::chrono::nanoseconds longSpin) {
+                       std::chrono::nanoseconds spin, std::chrono::nanoseconds longSpin,
+                       bool* spunOut) {
   if (c.value.load(std::memory_order_acquire) >= target) return WaitResult::kReached;
   struct timespec t0;
   clock_gettime(CLOCK_MONOTONIC, &t0);
   int64_t budget = spin.count();
+  long switchesBefore = 0;  // at the start of the long spin
   for (int i = 1;; ++i) {
     cpuRelax();
     if (c.value.load(std::memory_order_acquire) >= target) return WaitResult::kReached;
@@ -61,16 +78,25 @@ WaitResult waitAtLeast(Counter& c, uint64_t target, std::chrono::microseconds sl
       struct timespec t;
       clock_gettime(CLOCK_MONOTONIC, &t);
       int64_t elapsed = (t.tv_sec - t0.tv_sec) * 1000000000LL + (t.tv_nsec - t0.tv_nsec);
-      if (elapsed <= budget) continue;
+      if (elapsed <= budget) {
+        // Note [A preempted spinner sleeps]: in the long spin, every 256
+        // rounds (tens of us), a getrusage of half a microsecond.
+        if (budget > spin.count() && (i & 255) == 0 && involuntarySwitches() != switchesBefore) {
+          break;
+        }
+        continue;
+      }
       // Note [Spinning for a blocked rank]: a caller may have started to
       // wait for the op since the last round.
-      if (longSpin.count() > budget && SpinBoost::active()) {
+      if (longSpin.count() > budget && SpinBoost::active() && coresToSpare()) {
         budget = longSpin.count();
+        switchesBefore = involuntarySwitches();
         continue;
       }
       break;
     }
   }
+  if (spunOut && budget > spin.count()) *spunOut = true;
   uint32_t seen = c.futexWord.load(std::memory_order_seq_cst);
   if (c.value.load(std::memory_order_acquire) >= target) return WaitResult::kReached;
   sleepOnWord(c, seen, slice);

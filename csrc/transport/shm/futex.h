@@ -41,9 +41,11 @@ enum class WaitResult { kReached, kTimedOut };
 // Waits until c.value >= target, for at most `slice`. Spins for `spin` first,
 // or for `longSpin` while the calling thread's SpinBoost is active (read
 // between spin rounds: Note [Spinning for a blocked rank]), then sleeps.
+// `spunOut`, if given, is set when it spun the long budget out to no avail.
 WaitResult waitAtLeast(Counter& c, uint64_t target, std::chrono::microseconds slice,
                        std::chrono::nanoseconds spin,
-                       std::chrono::nanoseconds longSpin = std::chrono::nanoseconds(0));
+                       std::chrono::nanoseconds longSpin = std::chrono::nanoseconds(0),
+                       bool* spunOut = nullptr);
 
 // Sleeps until the futex word changes from `seen` or the slice passes.
 void sleepOnWord(Counter& c, uint32_t seen, std::chrono::microseconds slice);

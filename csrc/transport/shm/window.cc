@@ -163,6 +163,7 @@ std::unique_ptr<ShmWindow> ShmWindow::create(Store& store, int rank, int size,
     w->spin_ = policy.shortSpin;
     w->longSpin_ = policy.longSpin;
   }
+  w->longBudgetNs_.store(w->longSpin_.count(), std::memory_order_relaxed);
   w->names_ = opts.peerNames;
   // Note [Spin, then sleep]: with more ranks than cores a long spin cannot make a rank faster
   // (the kernel preempts the spinner for the peer it waits for) but takes the core from every
@@ -343,7 +344,30 @@ void ShmWindow::wait(int peer, uint64_t step, const WaitContext& ctx) {
     auto left = std::chrono::duration_cast<std::chrono::microseconds>(ctx.deadline - now);
     auto slice = std::min<std::chrono::microseconds>(std::max(left, std::chrono::microseconds(1)),
                                                      kLivenessPeriod);
-    if (waitAtLeast(c, step, slice, spin_, longSpin_) == WaitResult::kReached) return;
+    // Note [Spin less when spinning fails]
+    // The policy counts cores, not what else runs on them: beside a compiler
+    // on both of this machine's cores, 2 ranks spinning 1 ms per wait took
+    // 400-650 us per 4-byte allreduce (38 us with 20 us of spin), each rank
+    // spinning while the peer it waits for had no core. So a long spin that
+    // ends without the peer halves the next one (down to the short spin),
+    // and each wait the spin saw through earns an eighth of the budget back:
+    // a peer that keeps coming late (a loaded host, or ranks out of step by
+    // more than the spin) makes the waits sleep as before, and spinning comes
+    // back once the peers are prompt again. (Two more guards: a wait spins
+    // long only while the host's runnable threads fit its cores, Note [Nobody
+    // else wants the cores] in common/cpu_cores.h, and stops when preempted,
+    // Note [A preempted spinner sleeps] in futex.cc.)
+    const int64_t budget = longBudgetNs_.load(std::memory_order_relaxed);
+    bool spunOut = false;
+    const WaitResult r =
+        waitAtLeast(c, step, slice, spin_, std::chrono::nanoseconds(budget), &spunOut);
+    if (spunOut) {
+      longBudgetNs_.store(std::max<int64_t>(spin_.count(), budget / 2), std::memory_order_relaxed);
+    } else if (r == WaitResult::kReached && budget < longSpin_.count()) {
+      longBudgetNs_.store(std::min<int64_t>(longSpin_.count(), budget + budget / 8 + spin_.count()),
+                          std::memory_order_relaxed);
+    }
+    if (r == WaitResult::kReached) return;
     std::string why;
     if (peerGone(peer, &why)) {
       BRAID_THROW(PeerLostError, ctx.op, rank_, why, " while this rank waited for it in op #",

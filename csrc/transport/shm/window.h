@@ -99,6 +99,9 @@ class ShmWindow : public Window {
   // waiter beside its rank's work, longSpin_ for one whose rank is blocked on
   // the op (Note [Spinning for a blocked rank] in common/cpu_cores.h).
   std::chrono::nanoseconds spin_{0}, longSpin_{0};
+  // The long spin now, between spin_ and longSpin_: Note [Spin less when
+  // spinning fails] in window.cc. Used by the thread running the group's op.
+  std::atomic<int64_t> longBudgetNs_{0};
   bool canReadPeers_ = false;
   std::vector<int> pids_;
   std::vector<std::string> names_;
