@@ -3,6 +3,8 @@
 #include <c10/core/StreamGuard.h>
 #include <c10/core/impl/VirtualGuardImpl.h>
 
+#include <algorithm>
+
 #include "common/cpu_relax.h"
 #include "common/error.h"
 
@@ -95,7 +97,7 @@ bool WorkBraid::wait(std::chrono::milliseconds timeout) {
   } waiting(queue_ && !isCompleted() ? &queue_->waiters : nullptr);
   if (queue_ && !isCompleted()) {
     Engine::runHereIfNext(queue_, jobId_);
-    pollForEnd();
+    pollForEnd(timeout);
     // A wait without a timeout of its own ends by the op's deadline if the job
     // never started (Note [A job that cannot start] in backend/engine.h).
     if (timeout.count() == 0 && !isCompleted()) failIfNotStarted();  // 0: kNoTimeout
@@ -105,10 +107,12 @@ bool WorkBraid::wait(std::chrono::milliseconds timeout) {
   return done;
 }
 
-void WorkBraid::pollForEnd() {
+void WorkBraid::pollForEnd(std::chrono::milliseconds timeout) {
   // Saves the worker's wake-up of this thread where the worker has a core of
-  // its own (Queue::waiterSpin is 0 elsewhere: Note [How long to spin]).
-  const auto spin = queue_->waiterSpin;
+  // its own (Queue::waiterSpin is 0 elsewhere: Note [How long to spin]); never
+  // past the caller's own timeout (0: none).
+  auto spin = std::chrono::duration_cast<std::chrono::microseconds>(queue_->waiterSpin);
+  if (timeout.count() > 0) spin = std::min<std::chrono::microseconds>(spin, timeout);
   if (spin.count() <= 0) return;
   const auto until = std::chrono::steady_clock::now() + spin;
   while (!done_.load(std::memory_order_acquire) && std::chrono::steady_clock::now() < until) {

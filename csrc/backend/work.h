@@ -69,8 +69,9 @@ class WorkBraid : public c10d::Work {
   std::optional<c10::Stream> futureStream_;
   void blockCurrentStream();
 
-  // Polls for the op's end for Queue::waiterSpin before wait() sleeps.
-  void pollForEnd();
+  // Polls for the op's end for Queue::waiterSpin (at most `timeout`, if not
+  // 0) before wait() sleeps.
+  void pollForEnd(std::chrono::milliseconds timeout);
   // Gives the job up if it has not started by its deadline.
   void failIfNotStarted();
   // Gives a send or receive up once past its deadline while the progress
