@@ -72,7 +72,9 @@ TEST(CastLoops, RoundAsTorchDoes) {
         const float q = x[i] / divisor;
         if (q != q) {  // torch's bf16 NaN is 0x7fc0; fp16 keeps a quiet NaN
           ASSERT_TRUE(std::isnan(widen16(got[i], wire))) << i;
-          if (wire == DataType::kBFloat16) ASSERT_EQ(got[i], 0x7fc0) << i;
+          if (wire == DataType::kBFloat16) {
+            ASSERT_EQ(got[i], 0x7fc0) << i;
+          }
           continue;
         }
         ASSERT_EQ(got[i], round16(q, wire)) << toString(wire) << " / " << divisor << " at " << i

@@ -377,9 +377,13 @@ void ShmWindow::wait(int peer, uint64_t step, const WaitContext& ctx) {
   }
 }
 
+// Each rank polls its peers starting from the next rank up (issue 30): in
+// rank order every waiter would spin on rank 0's counter line first, and a
+// publish there would answer n-1 readers at once; staggered, the waiters
+// spread over the lines of the ranks they still miss.
 void ShmWindow::waitAll(uint64_t step, const WaitContext& ctx) {
-  for (int r = 0; r < size_; ++r) {
-    if (r == rank_) continue;
+  for (int k = 1; k < size_; ++k) {
+    const int r = (rank_ + k) % size_;
     try {
       wait(r, step, ctx);
     } catch (const TimeoutError&) {
