@@ -65,12 +65,7 @@ void allreduceRsAg(Communicator& c, const OpDesc& op, const void* in, void* out)
       partition(ck, n, r, align, &b, &e);
       if (r != me && e > b) std::memcpy(c.slot(me, sa) + b * es, inChunk + b * es, (e - b) * es);
     }
-    if (first) {
-      c.exchange(op, sa);
-    } else {
-      c.publish(sa);
-      c.waitAll(sa);
-    }
+    c.chunkStep(op, sa, first);
     first = false;
     partition(ck, n, me, align, &b, &e);
     uint64_t sb = c.nextStep();

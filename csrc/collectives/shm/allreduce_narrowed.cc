@@ -47,12 +47,7 @@ void allreduceNarrowed(Communicator& c, const OpDesc& op, const void* in, void* 
     const uint64_t sa = c.nextStep();
     if (first) c.writeHeader(op, sa, Algo::kNarrowed);
     if (ck) reduce::narrowDivided(x + done, wireAt(c, me, sa, 0), ck, op.wireDivisor, op.wire);
-    if (first) {
-      c.exchange(op, sa);  // throws on every rank if any header differs
-    } else {
-      c.publish(sa);
-      c.waitAll(sa);
-    }
+    c.chunkStep(op, sa, first);
     first = false;
     size_t b, e;
     partition(ck, n, me, align, &b, &e);

@@ -117,6 +117,17 @@ class Communicator {
   // An op whose first step carries the header alone: beginOp, then the
   // header step (write, exchange, check). Returns that step's number.
   uint64_t headerStep(const OpDesc& op, Algo algo);
+  // A pipelined op's chunk step: the first one carries the header (exchange,
+  // which throws on every rank if any header differs), the others publish
+  // and wait for every peer.
+  void chunkStep(const OpDesc& op, uint64_t step, bool first) {
+    if (first) {
+      exchange(op, step);
+    } else {
+      publish(step);
+      waitAll(step);
+    }
+  }
   void publish(uint64_t step) { window_->publish(step); }
   void waitAll(uint64_t step) { window_->waitAll(step, ctx_); }
   void wait(int peer, uint64_t step) { window_->wait(peer, step, ctx_); }

@@ -45,12 +45,7 @@ void reducePipelined(Communicator& c, const OpDesc& op, const void* in, void* ou
     uint64_t sa = c.nextStep();
     if (first) c.writeHeader(op, sa, Algo::kShm);
     copyBytes(c.slot(me, sa), static_cast<const uint8_t*>(in) + done * es, ck * es);
-    if (first) {
-      c.exchange(op, sa);
-    } else {
-      c.publish(sa);
-      c.waitAll(sa);
-    }
+    c.chunkStep(op, sa, first);
     first = false;
     size_t b, e;
     partition(ck, n, me, align, &b, &e);
