@@ -163,9 +163,10 @@ void Engine::drain() {
     std::unique_lock<std::mutex> lock(q.mu);
     if (q.running && q.runner == std::this_thread::get_id()) return;
     ++q.idleWaiters;
-    q.waiters.fetch_add(1, std::memory_order_relaxed);  // Note [Spinning for a blocked rank]
-    q.cv.wait(lock, [&] { return q.stop || (q.jobs.empty() && !q.running); });
-    q.waiters.fetch_sub(1, std::memory_order_relaxed);
+    {
+      Queue::Waiting waiting(&q.waiters);  // Note [Spinning for a blocked rank]
+      q.cv.wait(lock, [&] { return q.stop || (q.jobs.empty() && !q.running); });
+    }
     --q.idleWaiters;
   };
   if (auto wrap = blockingWrapper.load()) {

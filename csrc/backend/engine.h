@@ -75,6 +75,21 @@ class Engine {
     // while there are any, the worker's waits may spin long (Note [Spinning
     // for a blocked rank] in common/cpu_cores.h).
     std::atomic<int> waiters{0};
+    // Counts the calling thread in `waiters` while it lives (null: nothing).
+    class Waiting {
+     public:
+      explicit Waiting(std::atomic<int>* waiters) : n_(waiters) {
+        if (n_) n_->fetch_add(1, std::memory_order_relaxed);
+      }
+      ~Waiting() {
+        if (n_) n_->fetch_sub(1, std::memory_order_relaxed);
+      }
+      Waiting(const Waiting&) = delete;
+      Waiting& operator=(const Waiting&) = delete;
+
+     private:
+      std::atomic<int>* const n_;
+    };
     // How long such a caller polls for its op's end before sleeping: only
     // where the worker has a core of its own (SpinPolicy::workerIdle), else 0.
     std::chrono::microseconds waiterSpin{0};

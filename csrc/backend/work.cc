@@ -86,15 +86,7 @@ bool WorkBraid::wait(std::chrono::milliseconds timeout) {
   // While this caller is blocked on the worker's op, the worker's waits may
   // spin long: this thread's core is idle (Note [Spinning for a blocked rank]
   // in common/cpu_cores.h).
-  struct Waiting {
-    std::atomic<int>* n;
-    explicit Waiting(std::atomic<int>* c) : n(c) {
-      if (n) n->fetch_add(1, std::memory_order_relaxed);
-    }
-    ~Waiting() {
-      if (n) n->fetch_sub(1, std::memory_order_relaxed);
-    }
-  } waiting(queue_ && !isCompleted() ? &queue_->waiters : nullptr);
+  Engine::Queue::Waiting waiting(queue_ && !isCompleted() ? &queue_->waiters : nullptr);
   if (queue_ && !isCompleted()) {
     Engine::runHereIfNext(queue_, jobId_);
     pollForEnd(timeout);
