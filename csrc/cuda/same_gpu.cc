@@ -26,6 +26,14 @@ BRAID_SETTING_INT(kSameGpuBytes, "BRAID_CUDA_SAME_GPU_BYTES", 64 << 20,
                   "Device memory per rank for the same-GPU collectives (ranks sharing a GPU), "
                   "in two halves; larger ops run in chunks of a half.");
 
+// Note [Same-GPU small messages] in same_gpu.h; compared between the ranks
+// at init (Comm::poll), as it picks the number of barriers.
+BRAID_SETTING_INT(kSameGpuSmallBytes, "BRAID_CUDA_SAME_GPU_SMALL_BYTES", 64 << 10,
+                  "Same-GPU allreduce and reduce of at most this many bytes (and at most half "
+                  "of BRAID_CUDA_SAME_GPU_BYTES) run in one barrier and one kernel that reduces "
+                  "the whole message from every rank's buffer; larger ones in two barriers per "
+                  "chunk. 0: never. Must be equal on every rank.");
+
 constexpr uint64_t kMagic = 0x7573677062726169ULL;  // the unique id's mark
 
 DataType dataTypeOf(NcclDataType t) {
@@ -97,7 +105,8 @@ class SameGpu final : public NcclApi {
       if (!control) control = sim::SharedRegion::open(h, "same-GPU control block");
       const size_t half = std::max<size_t>(4096, static_cast<size_t>(kSameGpuBytes.get()) / 2 /
                                                      4096 * 4096);
-      *comm = new Comm(dev_, nranks, rank, dev_.getDevice(), std::move(control), half);
+      const size_t small = static_cast<size_t>(std::max<int64_t>(0, kSameGpuSmallBytes.get()));
+      *comm = new Comm(dev_, nranks, rank, dev_.getDevice(), std::move(control), half, small);
       std::lock_guard<std::mutex> lock(mu_);
       made_.erase(h);
     } catch (const std::exception&) {
@@ -278,6 +287,20 @@ class SameGpu final : public NcclApi {
     const int n = c.size(), r = c.rank();
     double premul;
     const Reduction red = reductionOf(nop, t, n, &premul);
+    if (count > 0 && count * es <= std::min(c.smallBytes(), c.halfBytes())) {
+      // Note [Same-GPU small messages]: one barrier, one kernel over the
+      // whole message from every rank's half, in rank order (the bits of
+      // the sliced path: the same kernel body over the same sources).
+      copyIn(t, c.half(r), send, count, premul, s);
+      check(c.barrier(s));
+      if (root < 0 || root == r) {
+        std::vector<const void*> srcs(n);
+        for (int q = 0; q < n; ++q) srcs[q] = c.half(q);
+        dev_.reduceMultiAsync(t, red.op, recv, srcs.data(), n, red.divisor, count, s);
+      }
+      c.nextHalf();
+      return;
+    }
     const size_t chunk = std::max<size_t>(1, c.halfBytes() / es);
     for (size_t off = 0; off < count; off += chunk) {
       const size_t len = std::min(chunk, count - off);

@@ -32,9 +32,47 @@
 //   alltoall] in same_gpu.cc.
 // - Halves alternate between chunks (and ops): a rank overwrites a half only
 //   after the first barrier of the next chunk, which every peer reaches only
-//   after it has finished reading that half. So two barriers per chunk.
+//   after it has finished reading that half. The reduced slice is written
+//   into the half that the peers then read, hence two barriers per chunk;
+//   small messages take one (Note [Same-GPU small messages]).
 // - Ordering with the caller is the executor's (its comm stream waits on the
 //   caller's event first; the end event follows the last copy).
+//
+// Note [Same-GPU small messages]
+// A small allreduce is bound by its steps, not its bytes: two barriers (each
+// an event record, a host wait on the control block and stream waits on the
+// peers' events) and n + 1 launches. At most BRAID_CUDA_SAME_GPU_SMALL_BYTES
+// (64 KiB by default; and at most a half), allreduce and reduce instead
+// copy the input into this rank's half, run ONE barrier, and ONE kernel in
+// which each rank (the root only, for reduce) reduces the WHOLE message from
+// every rank's half straight into its output. Each rank reads n times the
+// message instead of once, which at 64 KiB is far cheaper than a barrier.
+// - Bits: the multi-source kernel over the same sources in rank order
+//   (fp16/bf16 accumulated in fp32, rounded once); it is elementwise, so the
+//   whole message gives what the sliced path's n slices give.
+// - Why one barrier suffices: nobody writes a half after the barrier, only
+//   before it, and halves alternate. A rank writes half h again two ops (or
+//   chunks) later, after the barrier of the op between them, whose event
+//   record each peer enqueues after it enqueued its reads of half h; that
+//   barrier's stream wait orders the write after those reads. This holds for
+//   any sequence of small and chunked ops, since every op or chunk has a
+//   barrier and reads a half only before the next one's.
+// - Why not one kernel that spins on flags in device memory (the issue's
+//   first idea): kernels of different processes do not run concurrently on
+//   a GPU without MPS (time slicing between contexts, NVIDIA/nccl#32; see
+//   shared/c10d-cuda-and-newer-torch.md §4). A kernel that spins until a
+//   peer's kernel sets a flag holds the GPU while that peer's kernel cannot
+//   start: at best it spins out its time slice every op, at worst the pair
+//   never progresses. The host barrier orders the ranks' streams through
+//   interprocess events instead, which the GPU schedules without either
+//   kernel waiting inside the device. So: one host barrier, one kernel.
+// - The threshold picks how many barriers an op runs, so the ranks must
+//   agree on it: each publishes it in its control-block slot beside the
+//   buffer size, and a mismatch fails the communicator at init naming both
+//   values (Note [Settings that shape an op]).
+// - broadcast, allgather, reduce_scatter, gather, scatter and alltoall run
+//   one barrier per chunk already (they read the peers' halves and write
+//   only their own outputs after the barrier).
 #pragma once
 
 #include "cuda/device_api.h"

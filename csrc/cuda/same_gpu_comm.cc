@@ -16,13 +16,14 @@ namespace cuda {
 namespace samegpu {
 
 Comm::Comm(DeviceApi& dev, int nranks, int rank, int device,
-           std::shared_ptr<sim::SharedRegion> control, size_t halfBytes)
+           std::shared_ptr<sim::SharedRegion> control, size_t halfBytes, size_t smallBytes)
     : dev_(dev),
       n_(nranks),
       rank_(rank),
       device_(device),
       control_(std::move(control)),
       halfBytes_(halfBytes),
+      smallBytes_(smallBytes),
       bufs_(nranks, nullptr),
       events_(nranks, nullptr) {
   buf_ = dev_.deviceAllocShareable(device_, 2 * halfBytes_);
@@ -31,6 +32,7 @@ Comm::Comm(DeviceApi& dev, int nranks, int rank, int device,
     Slot& me = slot(rank_);
     me.pid = static_cast<int32_t>(getpid());
     me.halfBytes = halfBytes_;
+    me.smallBytes = smallBytes_;
     const std::string mem = dev_.ipcMemHandle(buf_);
     const std::string ev = dev_.ipcEventHandle(event_);
     std::memcpy(me.mem, mem.data(), kIpcHandleBytes);
@@ -75,6 +77,29 @@ bool Comm::peerGone(int q, std::string* why, bool closedIsGone) const {
 
 NcclResult Comm::poll() {
   if (aborted_.load()) return fail(kNcclRemoteError, "the same-GPU communicator was aborted");
+  // Checked first, of every peer that has published (its settings are
+  // written before its state), so that a peer that saw the mismatch first
+  // and aborted is reported as the mismatch, not as an abort.
+  // The buffer size chunks every op: ranks that disagree would run different
+  // numbers of barriers (Note [Settings that shape an op]).
+  for (int q = 0; q < n_ && !ready_; ++q) {
+    if (slot(q).state.load(std::memory_order_acquire) == kEmpty) continue;
+    if (slot(q).halfBytes != halfBytes_) {
+      return fail(kNcclInvalidUsage,
+                  strCat("the ranks must agree on BRAID_CUDA_SAME_GPU_BYTES: this rank (", rank_,
+                         ") runs with ", 2 * halfBytes_, ", rank ", q, " with ",
+                         2 * slot(q).halfBytes));
+    }
+    // The small-message threshold picks one barrier or two per op: ranks
+    // that disagree would pair different barriers (a hang until the
+    // timeout, or reads of a half a peer is still writing).
+    if (slot(q).smallBytes != smallBytes_) {
+      return fail(kNcclInvalidUsage,
+                  strCat("the ranks must agree on BRAID_CUDA_SAME_GPU_SMALL_BYTES: this rank (",
+                         rank_, ") runs with ", smallBytes_, ", rank ", q, " with ",
+                         slot(q).smallBytes));
+    }
+  }
   std::string why;
   // A peer that destroyed its communicator after its last op is no error
   // here (its buffer stays until this rank closes, see close()); one that
@@ -88,16 +113,6 @@ NcclResult Comm::poll() {
   if (ready_) return kNcclSuccess;
   for (int q = 0; q < n_; ++q) {
     if (slot(q).state.load(std::memory_order_acquire) != kPublished) return kNcclInProgress;
-  }
-  // The buffer size chunks every op: ranks that disagree would run different
-  // numbers of barriers (Note [Settings that shape an op]).
-  for (int q = 0; q < n_; ++q) {
-    if (slot(q).halfBytes != halfBytes_) {
-      return fail(kNcclInvalidUsage,
-                  strCat("the ranks must agree on BRAID_CUDA_SAME_GPU_BYTES: this rank (", rank_,
-                         ") runs with ", 2 * halfBytes_, ", rank ", q, " with ",
-                         2 * slot(q).halfBytes));
-    }
   }
   try {
     for (int q = 0; q < n_; ++q) {

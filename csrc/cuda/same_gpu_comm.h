@@ -28,6 +28,7 @@ struct alignas(64) Slot {
   int32_t pad;
   std::atomic<uint64_t> barrier;  // barriers whose event this rank has recorded
   uint64_t halfBytes;  // BRAID_CUDA_SAME_GPU_BYTES / 2: chunks ops, so must be equal
+  uint64_t smallBytes;  // BRAID_CUDA_SAME_GPU_SMALL_BYTES: picks the algorithm, so likewise
   char mem[kIpcHandleBytes];
   char event[kIpcHandleBytes];
 };
@@ -41,7 +42,7 @@ struct Control {
 class Comm {
  public:
   Comm(DeviceApi& dev, int nranks, int rank, int device,
-       std::shared_ptr<sim::SharedRegion> control, size_t halfBytes);
+       std::shared_ptr<sim::SharedRegion> control, size_t halfBytes, size_t smallBytes);
   ~Comm();
 
   // Until every rank has published: kNcclInProgress; then opens the peers'
@@ -59,10 +60,14 @@ class Comm {
   int rank() const { return rank_; }
   int size() const { return n_; }
   size_t halfBytes() const { return halfBytes_; }
+  // Reductions of at most this many bytes (and at most a half) run in one
+  // barrier and one kernel (Note [Same-GPU small messages] in same_gpu.h).
+  size_t smallBytes() const { return smallBytes_; }
   // This op's half of rank q's buffer (q == rank(): this rank's own).
   char* half(int q) const { return static_cast<char*>(bufs_[q]) + half_ * halfBytes_; }
   void nextHalf() { half_ ^= 1; }
   DeviceApi& dev() const { return dev_; }
+  uint64_t barriers() const { return barriers_; }  // run so far (the tests count them)
   void setTimeout(std::chrono::milliseconds t) { timeout_ = t; }
   const std::string& lastError() const { return lastError_; }
   NcclResult fail(NcclResult r, std::string why);
@@ -76,6 +81,7 @@ class Comm {
   const int n_, rank_, device_;
   std::shared_ptr<sim::SharedRegion> control_;
   const size_t halfBytes_;
+  const size_t smallBytes_;
   void* buf_ = nullptr;
   Event event_ = nullptr;
   std::vector<void*> bufs_;      // every rank's buffer, as mapped here

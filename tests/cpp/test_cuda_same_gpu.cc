@@ -4,17 +4,25 @@
 // /proc, Note [Simulated IPC]). Every op and dtype against closed forms at 2
 // to 4 ranks with ops split into chunks, the reduce ops (fp16/bf16 rounded
 // once), PREMUL_SUM, ordering (a slow rank), the BRAID_CUDA_SAME_GPU_BYTES
-// check, and a rank that never comes. Across processes:
+// check, and a rank that never comes. Small messages (Note [Same-GPU small
+// messages]): every dtype and reduce op at 1 to 4 ranks around the
+// threshold, one barrier each, the chunked path's bits, a slow rank, and the
+// BRAID_CUDA_SAME_GPU_SMALL_BYTES check. Across processes:
 // tests/python/test_cuda_sim_same_gpu.py.
 #include <gtest/gtest.h>
 
+#include <algorithm>
+#include <cmath>
 #include <cstdlib>
+#include <cstring>
 #include <memory>
 #include <thread>
 #include <vector>
 
 #include "common/error.h"
+#include "cuda/host_kernels.h"
 #include "cuda/same_gpu.h"
+#include "cuda/same_gpu_comm.h"
 #include "nccl_sim_ranks.h"
 
 namespace braid {
@@ -344,6 +352,233 @@ TEST_F(SameGpu, ARankThatNeverComesIsATimeoutNotAHang) {
                  Error);
     EXPECT_LT(std::chrono::steady_clock::now() - start, std::chrono::seconds(10));
   });
+}
+
+// ---- Small messages (Note [Same-GPU small messages] in same_gpu.h) ----------
+
+constexpr size_t kSmall = 256;  // BRAID_CUDA_SAME_GPU_SMALL_BYTES here; halves of 4 KiB
+
+class SameGpuSmall : public SameGpu {
+ protected:
+  void SetUp() override {
+    SameGpu::SetUp();
+    setenv("BRAID_CUDA_SAME_GPU_SMALL_BYTES", "256", 1);
+  }
+  void TearDown() override {
+    unsetenv("BRAID_CUDA_SAME_GPU_SMALL_BYTES");
+    SameGpu::TearDown();
+  }
+};
+
+// Rank r's element i: 1 or 2, so that sums, products (at most 2^4), minima
+// and maxima over 4 ranks are exact in every dtype.
+double smallX(int r, size_t i) { return 1 + static_cast<double>((r + i) % 2); }
+
+// The kernel's bits for `o` over the n ranks' inputs in rank order (AVG and
+// PREMUL_SUM as the same-GPU collectives compose them), on the host.
+std::vector<uint8_t> kernelBits(DataType t, ReduceOp o, int n, size_t count, double premul) {
+  const size_t es = elementSize(t);
+  std::vector<std::vector<uint8_t>> in(n, std::vector<uint8_t>(count * es));
+  std::vector<const void*> srcs;
+  for (int q = 0; q < n; ++q) {
+    for (size_t i = 0; i < count; ++i) setValue(t, in[q].data(), i, smallX(q, i));
+    if (o == ReduceOp::kPremulSum) {
+      const void* one[] = {in[q].data()};
+      std::vector<uint8_t> scaled(count * es);
+      hostReduceMulti(t, ReduceOp::kSum, scaled.data(), one, 1, 1.0 / premul, count);
+      in[q] = scaled;
+    }
+    srcs.push_back(in[q].data());
+  }
+  std::vector<uint8_t> out(count * es);
+  const ReduceOp k = o == ReduceOp::kAvg || o == ReduceOp::kPremulSum ? ReduceOp::kSum : o;
+  hostReduceMulti(t, k, out.data(), srcs.data(), n, o == ReduceOp::kAvg ? n : 1.0, count);
+  return out;
+}
+
+// Every dtype and reduce op at counts 0, 1, odd, and just below, at and
+// just above the threshold (above: the chunked path, the same results),
+// allreduce out of and in place, and reduce to the last rank.
+void checkSmall(int n) {
+  MemoryStore store;
+  const DataType types[] = {DataType::kFloat32, DataType::kFloat64, DataType::kFloat16,
+                            DataType::kBFloat16, DataType::kInt8, DataType::kUInt8,
+                            DataType::kInt32, DataType::kInt64};
+  runRanks(n, [&](int rank) {
+    dev().setDevice(0);
+    NcclExecutor ex(sameGpuCollectives(dev()), dev(), store, options(rank, n));
+    for (DataType t : types) {
+      const size_t at = kSmall / elementSize(t);
+      std::vector<ReduceOp> ops = {ReduceOp::kSum, ReduceOp::kProduct, ReduceOp::kMin,
+                                   ReduceOp::kMax};
+      if (isFloating(t)) {
+        ops.push_back(ReduceOp::kAvg);
+        ops.push_back(ReduceOp::kPremulSum);
+      }
+      for (size_t count : {size_t{0}, size_t{1}, size_t{7}, at - 1, at, at + 1}) {
+        DeviceBuffer in(t, count), out(t, count);
+        for (ReduceOp o : ops) {
+          SCOPED_TRACE(strCat(n, " ranks, rank ", rank, ", ", toString(t), " ", toString(o),
+                              ", count ", count));
+          for (size_t i = 0; i < count; ++i) {
+            in.set(i, smallX(rank, i));
+            out.set(i, 0);
+          }
+          NcclOp p = op(NcclOpKind::kAllreduce, in.p, out.p, count, t, o);
+          p.premulFactor = 0.5;
+          ex.run(p)->wait();
+          const std::vector<uint8_t> bits = kernelBits(t, o, n, count, 0.5);
+          ASSERT_EQ(std::memcmp(out.p, bits.data(), bits.size()), 0) << "the kernel's bits";
+          for (size_t i = 0; i < count; ++i) {
+            double sum = 0, prod = 1, mn = 9, mx = 0;
+            for (int q = 0; q < n; ++q) {
+              sum += smallX(q, i);
+              prod *= smallX(q, i);
+              mn = std::min(mn, smallX(q, i));
+              mx = std::max(mx, smallX(q, i));
+            }
+            const double want = o == ReduceOp::kSum       ? sum
+                                : o == ReduceOp::kProduct ? prod
+                                : o == ReduceOp::kMin     ? mn
+                                : o == ReduceOp::kMax     ? mx
+                                : o == ReduceOp::kAvg     ? sum / n
+                                                          : 0.5 * sum;
+            ASSERT_NEAR(out.get(i), want, want * std::ldexp(1.0, -8)) << i;  // bf16's u
+            if (o != ReduceOp::kAvg) {
+              ASSERT_EQ(out.get(i), want) << i;  // exact
+            }
+          }
+        }
+        // In place, then reduce to the last rank (the others' outputs untouched).
+        for (size_t i = 0; i < count; ++i) in.set(i, smallX(rank, i));
+        ex.run(op(NcclOpKind::kAllreduce, in.p, in.p, count, t))->wait();
+        const std::vector<uint8_t> sum = kernelBits(t, ReduceOp::kSum, n, count, 1);
+        ASSERT_EQ(std::memcmp(in.p, sum.data(), sum.size()), 0) << "in place, count " << count;
+        for (size_t i = 0; i < count; ++i) {
+          in.set(i, smallX(rank, i));
+          out.set(i, 0);
+        }
+        ex.run(op(NcclOpKind::kReduce, in.p, out.p, count, t, ReduceOp::kSum, n - 1))->wait();
+        if (rank == n - 1) {
+          ASSERT_EQ(std::memcmp(out.p, sum.data(), sum.size()), 0) << "reduce, count " << count;
+        } else {
+          for (size_t i = 0; i < count; ++i) ASSERT_EQ(out.get(i), 0) << "reduce, non-root " << i;
+        }
+      }
+    }
+    EXPECT_EQ(ex.communicatorsCreated(), 1);
+    ex.shutdown();
+  });
+}
+
+TEST_F(SameGpuSmall, EveryDtypeAndOp1Rank) { checkSmall(1); }
+TEST_F(SameGpuSmall, EveryDtypeAndOp2Ranks) { checkSmall(2); }
+TEST_F(SameGpuSmall, EveryDtypeAndOp3Ranks) { checkSmall(3); }
+TEST_F(SameGpuSmall, EveryDtypeAndOp4Ranks) { checkSmall(4); }
+
+// Through the NcclApi, where the communicator's barrier count shows: one
+// barrier for an allreduce or reduce at or below the threshold, two above
+// it; the small path's fp16/bf16 bits equal the chunked path's (the same
+// inputs, one element more to cross the threshold), with values that round.
+TEST_F(SameGpuSmall, OneBarrierAndTheChunkedPathsBits) {
+  NcclApi& api = sameGpuCollectives(dev());
+  const int n = 3;
+  NcclUniqueId id;
+  dev().setDevice(0);
+  ASSERT_EQ(api.getUniqueId(&id), kNcclSuccess);
+  runRanks(n, [&](int rank) {
+    dev().setDevice(0);
+    NcclComm comm = nullptr;
+    ASSERT_EQ(api.commInitRank(&comm, n, id, rank, /*blocking=*/true), kNcclSuccess);
+    auto& c = *static_cast<samegpu::Comm*>(comm);
+    Stream s = dev().streamCreate(0);
+    for (auto [t, nt] : {std::pair<DataType, NcclDataType>{DataType::kFloat16, kNcclFloat16},
+                         {DataType::kBFloat16, kNcclBfloat16},
+                         {DataType::kFloat32, kNcclFloat32}}) {
+      SCOPED_TRACE(strCat("rank ", rank, ", ", toString(t)));
+      const size_t at = kSmall / elementSize(t);
+      DeviceBuffer in(t, at + 1), small(t, at + 1), chunked(t, at + 1);
+      for (size_t i = 0; i <= at; ++i) in.set(i, 1.0 + ((rank * 37 + i * 11) % 97) / 97.0);
+      uint64_t before = c.barriers();
+      ASSERT_EQ(api.allReduce(in.p, small.p, at, nt, kNcclSum, comm, s), kNcclSuccess);
+      EXPECT_EQ(c.barriers() - before, 1u) << "at the threshold";
+      before = c.barriers();
+      ASSERT_EQ(api.allReduce(in.p, chunked.p, at + 1, nt, kNcclSum, comm, s), kNcclSuccess);
+      EXPECT_EQ(c.barriers() - before, 2u) << "above it";
+      before = c.barriers();
+      ASSERT_EQ(api.reduce(in.p, in.p, at, nt, kNcclSum, 0, comm, s), kNcclSuccess);
+      EXPECT_EQ(c.barriers() - before, 1u) << "reduce at the threshold";
+      dev().streamSynchronize(s);
+      EXPECT_EQ(std::memcmp(small.p, chunked.p, at * elementSize(t)), 0) << "the same bits";
+    }
+    dev().streamDestroy(s);
+    api.commDestroy(comm);
+  });
+}
+
+// A slow rank's stream, many small allreduces enqueued back to back with
+// fresh buffers each: the one barrier must order a rank's copy into a half
+// after the slow peer's reads of it two ops earlier, and every peer's reads
+// after the slow rank's copy in.
+TEST_F(SameGpuSmall, OneBarrierStillOrdersASlowRank) {
+  MemoryStore store;
+  const int n = 3;
+  const size_t count = 33;
+  const int rounds = 6;
+  runRanks(n, [&](int rank) {
+    dev().setDevice(0);
+    NcclExecutor ex(sameGpuCollectives(dev()), dev(), store, options(rank, n));
+    std::vector<std::unique_ptr<DeviceBuffer>> ins, outs;
+    std::vector<std::shared_ptr<NcclWork>> works;
+    DeviceBuffer warm(DataType::kFloat32, count);
+    ex.run(op(NcclOpKind::kAllreduce, warm.p, warm.p, count, DataType::kFloat32))->wait();
+    if (rank == 1) dev().setStreamDelay(ex.commStream(0), std::chrono::milliseconds(2));
+    for (int k = 0; k < rounds; ++k) {
+      ins.emplace_back(new DeviceBuffer(DataType::kFloat32, count));
+      outs.emplace_back(new DeviceBuffer(DataType::kFloat32, count));
+      for (size_t i = 0; i < count; ++i) ins.back()->set(i, 100 * k + rank + i);
+      works.push_back(ex.run(op(NcclOpKind::kAllreduce, ins.back()->p, outs.back()->p, count,
+                                DataType::kFloat32)));
+    }
+    for (auto& w : works) w->wait();
+    if (rank == 1) dev().setStreamDelay(ex.commStream(0), std::chrono::microseconds(0));
+    for (int k = 0; k < rounds; ++k) {
+      for (size_t i = 0; i < count; ++i) {
+        ASSERT_EQ(outs[k]->get(i), n * (100.0 * k + i) + n * (n - 1) / 2) << k << " " << i;
+      }
+    }
+    ex.shutdown();
+  });
+}
+
+// The threshold picks one barrier or two: ranks that disagree fail when the
+// communicator is made, naming both values.
+TEST_F(SameGpu, RanksMustAgreeOnTheSmallMessageThreshold) {
+  NcclApi& api = sameGpuCollectives(dev());
+  dev().setDevice(0);
+  NcclUniqueId id;
+  ASSERT_EQ(api.getUniqueId(&id), kNcclSuccess);
+  NcclComm c0 = nullptr, c1 = nullptr;
+  setenv("BRAID_CUDA_SAME_GPU_SMALL_BYTES", "1024", 1);
+  ASSERT_EQ(api.commInitRank(&c0, 2, id, 0, /*blocking=*/false), kNcclInProgress);
+  setenv("BRAID_CUDA_SAME_GPU_SMALL_BYTES", "0", 1);
+  ASSERT_EQ(api.commInitRank(&c1, 2, id, 1, /*blocking=*/false), kNcclInProgress);
+  unsetenv("BRAID_CUDA_SAME_GPU_SMALL_BYTES");
+  NcclResult e0 = kNcclSuccess, e1 = kNcclSuccess;
+  api.commGetAsyncError(c0, &e0);
+  api.commGetAsyncError(c1, &e1);
+  EXPECT_EQ(e0, kNcclInvalidUsage);
+  EXPECT_EQ(e1, kNcclInvalidUsage);
+  for (NcclComm c : {c0, c1}) {
+    const std::string m = api.lastError(c);
+    EXPECT_NE(m.find("BRAID_CUDA_SAME_GPU_SMALL_BYTES"), std::string::npos) << m;
+  }
+  EXPECT_NE(api.lastError(c0).find("(0) runs with 1024, rank 1 with 0"), std::string::npos)
+      << api.lastError(c0);
+  EXPECT_NE(api.lastError(c1).find("(1) runs with 0, rank 0 with 1024"), std::string::npos)
+      << api.lastError(c1);
+  api.commAbort(c0);
+  api.commAbort(c1);
 }
 
 }  // namespace

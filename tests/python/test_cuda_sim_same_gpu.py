@@ -185,3 +185,75 @@ def test_a_rank_that_exits_mid_op_is_named_and_nothing_leaks():
     assert f"rank 1 (pid {pid1})" in message and "exited" in message, message
     assert took < 10.0, f"the dead rank was noticed after {took:.1f} s (group timeout 30 s)"
     assert not world.leaks, world.leaks
+
+
+SMALL = 1024  # BRAID_CUDA_SAME_GPU_SMALL_BYTES in these groups (a half is 4 KiB)
+
+
+def _small_group(ctx, small):
+    os.environ["BRAID_CUDA_SAME_GPU_SMALL_BYTES"] = str(small)
+    try:
+        return _group(ctx)
+    finally:
+        del os.environ["BRAID_CUDA_SAME_GPU_SMALL_BYTES"]
+
+
+def _small_messages(ctx, dtype_name):
+    """Every reduce op of all_reduce, and reduce, at counts 0, 1, odd, and just below,
+    at and just above the small-message threshold (Note [Same-GPU small messages] in
+    csrc/cuda/same_gpu.h: one barrier and one kernel at or below it, the chunked path
+    above it), against closed forms."""
+    torch, dist = ctx.torch, ctx.dist
+    group, executor = _small_group(ctx, SMALL)
+    ch = H.Checker(ctx)
+    ch.true("the group runs the same-GPU collectives", executor.startswith("same-gpu"), executor)
+    dtype = getattr(torch, dtype_name)
+    n, r = ctx.size, ctx.rank
+    cuda = torch.device("cuda", 0)
+    at = SMALL // torch.empty(0, dtype=dtype).element_size()
+    ops = ["SUM", "PRODUCT", "MIN", "MAX"] + (["AVG", "PREMUL_SUM"] if dtype.is_floating_point
+                                              else [])
+    for count in (0, 1, 7, at - 1, at, at + 1):
+        for op in ops:
+            base = "SUM" if op in ("AVG", "PREMUL_SUM") else op
+            inputs = [H.make_input(q, count, dtype, base, salt=7) for q in range(n)]
+            t = inputs[r].to(cuda)
+            dist.all_reduce(t, op=H.reduce_op(op), group=group)
+            ch.reduced(f"all_reduce {dtype_name} {op} count={count}", t.cpu(),
+                       H.closed_form(inputs, op, n), op)
+        inputs = [H.make_input(q, count, dtype, "MAX", salt=8) for q in range(n)]
+        t = inputs[r].to(cuda)
+        dist.reduce(t, dst=n - 1, op=dist.ReduceOp.MAX, group=group)
+        if r == n - 1:
+            ch.equal(f"reduce MAX count={count}", t.cpu(), H.closed_form(inputs, "MAX", n))
+    dist.destroy_process_group(group)
+    return ch.report()
+
+
+@pytest.mark.parametrize("dtype", H.dtypes(fast=("float16", "bfloat16", "int32"),
+                                           slow=("float32", "float64", "int8", "uint8", "int64")))
+@pytest.mark.parametrize("world", [pytest.param((n, "cuda1"), id=f"n{n}") for n in (2, 3, 4)],
+                         indirect=True)
+def test_small_messages(world, dtype):
+    H.check_reports(world.run(_small_messages, dtype))
+
+
+def _disagree_on_small(ctx):
+    try:
+        _small_group(ctx, 512 if ctx.rank == 0 else 2048)
+        return "no error"
+    except RuntimeError as e:
+        return str(e)
+
+
+def test_ranks_that_disagree_on_the_small_threshold_fail_naming_both():
+    world = H.World(2, pg_timeout=30.0, name="same-gpu-small-disagree")
+    try:
+        outcomes = world.run_outcomes(_disagree_on_small, expect_errors=True, timeout=60)
+    finally:
+        world.close(timeout=30)
+    for r, other, mine, theirs in ((0, 1, 512, 2048), (1, 0, 2048, 512)):
+        assert outcomes[r].ok, outcomes[r].describe()
+        message = outcomes[r].value
+        assert "BRAID_CUDA_SAME_GPU_SMALL_BYTES" in message, message
+        assert f"({r}) runs with {mine}, rank {other} with {theirs}" in message, message
