@@ -26,12 +26,33 @@ struct HierComm {
   NcclComm inner = nullptr;
   NcclComm lead = nullptr;
   Event leadDone = nullptr;  // leaders: recorded after each NCCL step
+  // Device memory for the steps that must not touch the caller's buffers
+  // (Note [Hierarchical reduce, allgather and reduce_scatter]): grown on
+  // demand, freed at close; `stream` is the last op's, which close() drains.
+  void* scratch = nullptr;
+  size_t scratchBytes = 0;
+  Stream stream = nullptr;
+  int device = 0;
+  int rank = 0;
   int gpu = 0;
   int local = 0;  // this rank's place on its GPU; 0: the leader
   std::mutex mu;
   std::string lastError;
   std::map<NcclRedOp, NcclRedOp> premul;  // ours -> the inner communicator's
 };
+
+size_t typeSize(NcclDataType t) {
+  switch (t) {
+    case kNcclInt8:
+    case kNcclUint8: return 1;
+    case kNcclFloat16:
+    case kNcclBfloat16: return 2;
+    case kNcclInt32:
+    case kNcclUint32:
+    case kNcclFloat32: return 4;
+    default: return 8;
+  }
+}
 
 bool isFloat(NcclDataType t) {
   return t == kNcclFloat16 || t == kNcclFloat32 || t == kNcclFloat64 || t == kNcclBfloat16;
@@ -54,7 +75,16 @@ class Hier final : public NcclApi {
         store_(store),
         prefix_(std::move(prefix)),
         layout_(std::move(layout)),
-        timeout_(timeout) {}
+        timeout_(timeout) {
+    // Whether GPU g holds ranks g*k .. g*k+k-1: then the leaders' blocks,
+    // in GPU order, are already in rank order (no permutation).
+    const size_t k = layout_.ranksOn.empty() ? 0 : layout_.ranksOn[0].size();
+    for (size_t g = 0; g < layout_.ranksOn.size(); ++g) {
+      for (size_t q = 0; q < layout_.ranksOn[g].size(); ++q) {
+        contiguous_ = contiguous_ && layout_.ranksOn[g][q] == static_cast<int>(g * k + q);
+      }
+    }
+  }
 
   std::string name() const override {
     return strCat("braid hierarchical collectives (", layout_.gpuOf.size(), " ranks on ",
@@ -100,6 +130,8 @@ class Hier final : public NcclApi {
       nonce += hex[b & 15];
     }
     auto c = std::make_unique<HierComm>();
+    c->device = dev_.getDevice();
+    c->rank = rank;
     c->gpu = layout_.gpuOf[rank];
     const std::vector<int>& mine = layout_.ranksOn[c->gpu];
     while (mine[c->local] != rank) ++c->local;
@@ -175,20 +207,10 @@ class Hier final : public NcclApi {
   NcclResult allReduce(const void* send, void* recv, size_t count, NcclDataType type, NcclRedOp op,
                        NcclComm comm, Stream s) override {
     HierComm& c = *static_cast<HierComm*>(comm);
-    NcclRedOp innerOp = op, leadOp = op;
-    if (op == kNcclAvg && !isFloat(type)) {
-      return fail(c, kNcclInvalidUsage, "AVG of integers is not one of braid's hierarchical "
-                                        "collectives");
-    }
-    if (op > kNcclAvg) {  // a PREMUL_SUM made here
-      std::lock_guard<std::mutex> lock(c.mu);
-      auto it = c.premul.find(op);
-      if (it == c.premul.end()) return kNcclInvalidArgument;
-      innerOp = it->second;
-      leadOp = kNcclSum;
-    }
-    if (count == 0) return kNcclSuccess;
-    NcclResult r = step(c, inner_.reduce(send, recv, count, type, innerOp, 0, c.inner, s),
+    NcclRedOp innerOp, leadOp;
+    NcclResult r = levelOps(c, op, type, &innerOp, &leadOp);
+    if (r != kNcclSuccess || count == 0) return r;
+    r = step(c, inner_.reduce(send, recv, count, type, innerOp, 0, c.inner, s),
                         "reducing within", c.inner, inner_);
     if (r != kNcclSuccess) return r;
     if (c.lead) {
@@ -234,18 +256,144 @@ class Hier final : public NcclApi {
 
   // As the same-GPU collectives': no AVG of integers (the backend stages it).
   bool reduces(NcclDataType t, NcclRedOp op) const override { return op != kNcclAvg || isFloat(t); }
-  // Staged by the backend (hasCore, supports).
-  bool hasCore(Core) const override { return false; }
-  NcclResult reduce(const void*, void*, size_t, NcclDataType, NcclRedOp, int, NcclComm comm,
-                    Stream) override {
-    return unsupported(comm, "reduce");
+  // Note [Hierarchical reduce, allgather and reduce_scatter] in hier.h.
+  bool hasCore(Core core) const override { return core != Core::kSendRecv; }
+
+  NcclResult reduce(const void* send, void* recv, size_t count, NcclDataType type, NcclRedOp op,
+                    int root, NcclComm comm, Stream s) override {
+    HierComm& c = *static_cast<HierComm*>(comm);
+    if (root < 0 || root >= static_cast<int>(layout_.gpuOf.size())) return kNcclInvalidArgument;
+    NcclRedOp innerOp, leadOp;
+    NcclResult r = levelOps(c, op, type, &innerOp, &leadOp);
+    if (r != kNcclSuccess || count == 0) return r;
+    const size_t bytes = count * typeSize(type);
+    const int rootGpu = layout_.gpuOf[root];
+    const int rootLocal = localOf(root);
+    const bool leader = c.lead != nullptr;
+    const bool amRoot = layout_.ranksOn[c.gpu][c.local] == root;
+    // The leader's partial and the leaders' result: the root's output when
+    // the leader is the root, else scratch (a non-root's buffer is its input).
+    char* part = nullptr;
+    if (leader) {
+      part = amRoot ? static_cast<char*>(recv) : scratch(c, bytes, s, "reducing within");
+      if (!part) return kNcclUnhandledCudaError;
+    }
+    r = step(c, inner_.reduce(send, leader ? part : recv, count, type, innerOp, 0, c.inner, s),
+             "reducing within", c.inner, inner_);
+    if (r != kNcclSuccess) return r;
+    if (leader) {
+      r = step(c, leaders_.reduce(part, part, count, type, leadOp, rootGpu, c.lead, s),
+               "reducing between the GPUs' leaders, from", c.lead, leaders_);
+      // The root's GPU holds the result: its leader waits for it, as
+      // allreduce's leaders do (an aborted NCCL kernel ends without an
+      // error on the stream); the other leaders' part ends here.
+      if (r == kNcclSuccess && c.gpu == rootGpu) {
+        r = confirm(c, s, "reducing between the GPUs' leaders, from");
+      }
+      if (r != kNcclSuccess) return r;
+    }
+    if (c.gpu != rootGpu || rootLocal == 0) return kNcclSuccess;
+    // The leader's result to the root: a broadcast within the root's GPU,
+    // which the GPU's other ranks receive into their scratch.
+    char* to = amRoot ? static_cast<char*>(recv) : part;
+    if (!to) to = scratch(c, bytes, s, "moving the result within");
+    if (!to) return kNcclUnhandledCudaError;
+    return step(c, inner_.broadcast(leader ? part : to, to, count, type, 0, c.inner, s),
+                "moving the result to the root within", c.inner, inner_);
   }
-  NcclResult allGather(const void*, void*, size_t, NcclDataType, NcclComm comm, Stream) override {
-    return unsupported(comm, "allgather");
+
+  NcclResult allGather(const void* send, void* recv, size_t count, NcclDataType type,
+                       NcclComm comm, Stream s) override {
+    HierComm& c = *static_cast<HierComm*>(comm);
+    if (count == 0) return kNcclSuccess;
+    const size_t block = count * typeSize(type);
+    const int gpus = static_cast<int>(layout_.ranksOn.size());
+    const int k = static_cast<int>(layout_.ranksOn[c.gpu].size());
+    const size_t n = layout_.gpuOf.size();
+    char* out = static_cast<char*>(recv);
+    // The leader stages the blocks in GPU order (g * k + local): the output
+    // itself where that is rank order, else scratch.
+    char* stage = out;
+    if (c.lead && !contiguous_) {
+      stage = scratch(c, n * block, s, "gathering within");
+      if (!stage) return kNcclUnhandledCudaError;
+    }
+    std::vector<void*> into(k);
+    for (int q = 0; q < k; ++q) into[q] = stage + (static_cast<size_t>(c.gpu) * k + q) * block;
+    NcclResult r = step(c, inner_.gather(send, into.data(), count, type, 0, c.inner, s),
+                        "gathering within", c.inner, inner_);
+    if (r != kNcclSuccess) return r;
+    if (c.lead) {
+      r = step(c, leaders_.allGather(into[0], stage, k * count, type, c.lead, s),
+               "allgathering between the GPUs' leaders, from", c.lead, leaders_);
+      if (r == kNcclSuccess) r = confirm(c, s, "allgathering between the GPUs' leaders, from");
+      if (r != kNcclSuccess) return r;
+      if (!contiguous_) {
+        try {
+          for (int g = 0; g < gpus; ++g) {
+            for (int q = 0; q < k; ++q) {
+              dev_.memcpyAsync(out + layout_.ranksOn[g][q] * block,
+                               stage + (static_cast<size_t>(g) * k + q) * block, block, s);
+            }
+          }
+        } catch (const std::exception& e) {
+          return fail(c, kNcclUnhandledCudaError,
+                      strCat("allgather: ordering the blocks by rank on ", gpuText(c.gpu), ": ",
+                             e.what()));
+        }
+      }
+    }
+    return step(c, inner_.broadcast(out, out, n * count, type, 0, c.inner, s),
+                "broadcasting the gathered blocks within", c.inner, inner_);
   }
-  NcclResult reduceScatter(const void*, void*, size_t, NcclDataType, NcclRedOp, NcclComm comm,
-                           Stream) override {
-    return unsupported(comm, "reduce_scatter");
+
+  NcclResult reduceScatter(const void* send, void* recv, size_t count, NcclDataType type,
+                           NcclRedOp op, NcclComm comm, Stream s) override {
+    HierComm& c = *static_cast<HierComm*>(comm);
+    NcclRedOp innerOp, leadOp;
+    NcclResult r = levelOps(c, op, type, &innerOp, &leadOp);
+    if (r != kNcclSuccess || count == 0) return r;
+    const size_t block = count * typeSize(type);
+    const int gpus = static_cast<int>(layout_.ranksOn.size());
+    const int k = static_cast<int>(layout_.ranksOn[c.gpu].size());
+    const size_t n = layout_.gpuOf.size();
+    // The leader: the GPU's partial of all n blocks in rank order (`part`),
+    // then in GPU order (`byGpu`; the same buffer where those agree).
+    char* part = nullptr;
+    char* byGpu = nullptr;
+    if (c.lead) {
+      part = scratch(c, (contiguous_ ? 1 : 2) * n * block, s, "reducing within");
+      if (!part) return kNcclUnhandledCudaError;
+      byGpu = contiguous_ ? part : part + n * block;
+    }
+    r = step(c, inner_.reduce(send, c.lead ? part : recv, n * count, type, innerOp, 0, c.inner, s),
+             "reducing within", c.inner, inner_);
+    if (r != kNcclSuccess) return r;
+    std::vector<const void*> from(k, nullptr);
+    if (c.lead) {
+      try {
+        for (int g = 0; g < gpus && !contiguous_; ++g) {
+          for (int q = 0; q < k; ++q) {
+            dev_.memcpyAsync(byGpu + (static_cast<size_t>(g) * k + q) * block,
+                             part + layout_.ranksOn[g][q] * block, block, s);
+          }
+        }
+      } catch (const std::exception& e) {
+        return fail(c, kNcclUnhandledCudaError,
+                    strCat("reduce_scatter: ordering the blocks by GPU on ", gpuText(c.gpu), ": ",
+                           e.what()));
+      }
+      char* mine = byGpu + static_cast<size_t>(c.gpu) * k * block;
+      r = step(c, leaders_.reduceScatter(byGpu, mine, k * count, type, leadOp, c.lead, s),
+               "reduce-scattering between the GPUs' leaders, from", c.lead, leaders_);
+      if (r == kNcclSuccess) {
+        r = confirm(c, s, "reduce-scattering between the GPUs' leaders, from");
+      }
+      if (r != kNcclSuccess) return r;
+      for (int q = 0; q < k; ++q) from[q] = mine + q * block;
+    }
+    return step(c, inner_.scatter(from.data(), recv, count, type, 0, c.inner, s),
+                "scattering the reduced blocks within", c.inner, inner_);
   }
   NcclResult send(const void*, size_t, NcclDataType, int, NcclComm comm, Stream) override {
     return unsupported(comm, "send");
@@ -394,6 +542,83 @@ class Hier final : public NcclApi {
       return fail(c, kNcclUnhandledCudaError, strCat(what, " ", gpuText(c.gpu), ": ", e.what()));
     }
   }
+  // The op at each level (Note [Hierarchical CUDA collectives]): AVG at both
+  // (floats only), PREMUL_SUM as this rank's factor within its GPU and SUM
+  // among the leaders.
+  NcclResult levelOps(HierComm& c, NcclRedOp op, NcclDataType type, NcclRedOp* innerOp,
+                      NcclRedOp* leadOp) {
+    *innerOp = *leadOp = op;
+    if (op == kNcclAvg && !isFloat(type)) {
+      return fail(c, kNcclInvalidUsage, "AVG of integers is not one of braid's hierarchical "
+                                        "collectives");
+    }
+    if (op > kNcclAvg) {  // a PREMUL_SUM made here
+      std::lock_guard<std::mutex> lock(c.mu);
+      auto it = c.premul.find(op);
+      if (it == c.premul.end()) return kNcclInvalidArgument;
+      *innerOp = it->second;
+      *leadOp = kNcclSum;
+    }
+    return kNcclSuccess;
+  }
+  // Rank `rank`'s place on its GPU.
+  int localOf(int rank) const {
+    const std::vector<int>& on = layout_.ranksOn[layout_.gpuOf[rank]];
+    int q = 0;
+    while (on[q] != rank) ++q;
+    return q;
+  }
+  // This rank's scratch, at least `bytes`; null (the error noted) when it
+  // cannot be had. Grown, never shrunk: the old one is freed only after the
+  // stream has drained, as an earlier op enqueued on it may still use it.
+  char* scratch(HierComm& c, size_t bytes, Stream s, const char* what) {
+    try {
+      c.stream = s;
+      if (bytes > c.scratchBytes) {
+        if (c.scratch) {
+          dev_.streamSynchronize(s);
+          dev_.deviceFree(c.scratch);
+          c.scratch = nullptr;
+          c.scratchBytes = 0;
+        }
+        c.scratch = dev_.deviceAlloc(c.device, bytes);
+        c.scratchBytes = bytes;
+      }
+      return static_cast<char*>(c.scratch);
+    } catch (const std::exception& e) {
+      fail(c, kNcclUnhandledCudaError,
+           strCat(what, " ", gpuText(c.gpu), ": ", bytes, " bytes of scratch: ", e.what()));
+      return nullptr;
+    }
+  }
+  // As the same-GPU communicator's close: the stream drains (bounded)
+  // before the scratch is freed; past the bound it stays (a leak, logged)
+  // rather than being pulled from under a kernel.
+  void releaseScratch(HierComm& c) {
+    if (!c.scratch) return;
+    bool idle = true;
+    if (c.stream) {
+      const auto until = std::chrono::steady_clock::now() + std::chrono::seconds(10);
+      try {
+        while (!(idle = dev_.streamQuery(c.stream)) && std::chrono::steady_clock::now() < until) {
+          std::this_thread::sleep_for(std::chrono::microseconds(200));
+        }
+      } catch (const std::exception&) {
+        idle = true;  // a sticky error: the stream runs nothing more
+      }
+    }
+    if (!idle) {
+      BRAID_LOG(kError, "hier", c.rank) << "the stream is still busy after 10 s: " << c.scratchBytes
+                                    << " bytes of scratch stay allocated";
+      return;
+    }
+    try {
+      dev_.deviceFree(c.scratch);
+    } catch (const std::exception& e) {
+      BRAID_LOG(kWarn, "hier", c.rank) << "freeing the scratch: " << e.what();
+    }
+    c.scratch = nullptr;
+  }
   void releaseEvent(Event e) {
     if (!e) return;
     try {
@@ -407,6 +632,7 @@ class Hier final : public NcclApi {
     NcclResult r = kNcclSuccess;
     if (c->lead) r = (leaders_.*how)(c->lead);
     if (c->inner) r = worse((inner_.*how)(c->inner), r);
+    releaseScratch(*c);
     releaseEvent(c->leadDone);
     delete c;
     return r;
@@ -426,6 +652,7 @@ class Hier final : public NcclApi {
   const std::string prefix_;
   const HierLayout layout_;
   const std::chrono::milliseconds timeout_;
+  bool contiguous_ = true;  // GPU g holds ranks g*k .. g*k+k-1
   std::atomic<NcclRedOp> nextPremul_{2000};
 };
 

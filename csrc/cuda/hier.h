@@ -52,15 +52,48 @@
 //   2u relative to the exact result; MAX and MIN are exact. Bit-for-bit
 //   equality with the flat executors holds only where the partials are
 //   exact (small integers, as most tests use).
-// - reduce, allgather, reduce_scatter, send/recv, gather, scatter and
-//   alltoall are not run here (hasCore/supports say so, Note [Collectives
-//   NCCL lacks] in nccl_api.h): the backend stages them, the same on every
-//   rank.
+// - reduce, allgather and reduce_scatter: two levels likewise, Note
+//   [Hierarchical reduce, allgather and reduce_scatter] below.
+// - send/recv, gather, scatter and alltoall are not run here (hasCore and
+//   supports say so, Note [Collectives NCCL lacks] in nccl_api.h): the
+//   backend stages them, the same on every rank.
 // - Failure: a dead peer inside a GPU is seen by the same-GPU barrier (its
 //   process gone, or its slot aborted) and the peers on that GPU fail naming
 //   it; the executor then aborts this communicator, which aborts the leader's
 //   NCCL communicator, whose peers see NCCL's remote error and abort theirs,
 //   which ends their GPUs' barriers: every rank fails within the timeout.
+//
+// Note [Hierarchical reduce, allgather and reduce_scatter]
+// G GPUs of k ranks; GPU g's ranks (ranksOn[g], ascending) need not be
+// contiguous in rank order (ranks 0 and 2 on one GPU, 1 and 3 on the other),
+// while NCCL's allgather and reduce_scatter lay blocks out by NCCL rank, that
+// is by GPU. So the leaders work in "GPU order" (block g * k + local) and
+// permute to or from rank order with k * G device copies, skipped where the
+// layout is contiguous (GPU g holds ranks g*k .. g*k+k-1: the two orders
+// agree). The caller's buffers are written only where the op writes them:
+// steps that need room elsewhere use the rank's scratch (device memory,
+// grown to the largest op's need, freed at destroy or abort after the
+// stream drains).
+// - reduce to root R on GPU g: every GPU reduces within to its leader (into
+//   the output when the leader is R, else scratch: a non-root's buffer is
+//   its input, which NCCL's reduce leaves alone too), NCCL reduces among the
+//   leaders to g's; when R is not g's leader, a same-GPU broadcast from the
+//   leader moves the result to R (g's other ranks receive it into their
+//   scratch: the same-GPU collectives have no point-to-point step, and this
+//   is one chunked copy). AVG and PREMUL_SUM as allreduce's.
+// - allgather: a same-GPU gather to the leader of the k blocks, in GPU
+//   order (into the output, or scratch where the orders differ); NCCL
+//   allgather among the leaders in place (k blocks each); the leader copies
+//   the blocks to rank order in the output; a same-GPU broadcast of the whole
+//   output from the leader.
+// - reduce_scatter: a same-GPU reduce of all n blocks to the leader's
+//   scratch (rank order); the leader copies them to GPU order (a second
+//   scratch half) unless the orders agree; NCCL reduce_scatter among the
+//   leaders in place leaves GPU g's k reduced blocks, in local order, at the
+//   leader; a same-GPU scatter from the leader gives each rank its block.
+// - The leader's host wait (above) comes before every same-GPU step that
+//   reads its NCCL result: allgather, reduce_scatter, and reduce on the
+//   root's GPU. Rounding as allreduce: once per level.
 #pragma once
 
 #include <chrono>

@@ -4,8 +4,10 @@
 // collectives within each device (IPC handles opened for real) and the
 // simulated NCCL between the devices' leaders. allreduce (SUM, MAX, AVG,
 // PREMUL_SUM) and broadcast against closed forms at 4 ranks on 2 devices and
-// 6 ranks on 3 and on 2, counts 0, 1, odd and several same-GPU halves; the
-// bf16 rounding bound; which ops it lacks; a rank that never comes; nothing
+// 6 ranks on 3 and on 2, counts 0, 1, odd and several same-GPU halves;
+// reduce (to every rank), allgather and reduce_scatter (SUM, MAX, AVG,
+// PREMUL_SUM), out of and in place, in contiguous and interleaved layouts;
+// the bf16 rounding bound; which ops it lacks; a rank that never comes; nothing
 // left mapped or open after shutdown and after a failure.
 #include <gtest/gtest.h>
 
@@ -239,31 +241,163 @@ TEST_F(Hier, Bf16RoundsOncePerLevel) {
 
 TEST_F(Hier, OpsItLacksAreRefusedForTheStagedPath) {
   runHier({0, 0, 1, 1}, [&](int rank, NcclExecutor& ex) {
-    EXPECT_TRUE(ex.supports(NcclOpKind::kAllreduce));
-    EXPECT_TRUE(ex.supports(NcclOpKind::kBroadcast));
-    for (NcclOpKind k : {NcclOpKind::kReduce, NcclOpKind::kAllgather, NcclOpKind::kReduceScatter,
-                         NcclOpKind::kSend, NcclOpKind::kRecv, NcclOpKind::kGather,
+    for (NcclOpKind k : {NcclOpKind::kAllreduce, NcclOpKind::kBroadcast, NcclOpKind::kReduce,
+                         NcclOpKind::kAllgather, NcclOpKind::kReduceScatter}) {
+      EXPECT_TRUE(ex.supports(k)) << ncclOpName(k);
+    }
+    for (NcclOpKind k : {NcclOpKind::kSend, NcclOpKind::kRecv, NcclOpKind::kGather,
                          NcclOpKind::kScatter, NcclOpKind::kAllToAll}) {
       EXPECT_FALSE(ex.supports(k)) << ncclOpName(k);
     }
     // AVG of integers too (the same-GPU kernels divide floats only).
     EXPECT_FALSE(ex.supportsReduction(NcclOpKind::kAllreduce, DataType::kInt32, ReduceOp::kAvg));
+    EXPECT_FALSE(ex.supportsReduction(NcclOpKind::kReduce, DataType::kInt32, ReduceOp::kAvg));
     EXPECT_TRUE(ex.supportsReduction(NcclOpKind::kAllreduce, DataType::kInt32, ReduceOp::kSum));
     EXPECT_TRUE(ex.supportsReduction(NcclOpKind::kAllreduce, DataType::kBFloat16, ReduceOp::kAvg));
     EXPECT_TRUE(
         ex.supportsReduction(NcclOpKind::kAllreduce, DataType::kFloat32, ReduceOp::kPremulSum));
-    EXPECT_FALSE(ex.supportsReduction(NcclOpKind::kReduce, DataType::kFloat32, ReduceOp::kSum));
+    EXPECT_TRUE(ex.supportsReduction(NcclOpKind::kReduce, DataType::kFloat32, ReduceOp::kSum));
     DeviceBuffer b(DataType::kFloat32, 4, rank / 2);
-    NcclOp o = op(NcclOpKind::kAllgather, b.p, b.p, 1, DataType::kFloat32);
+    NcclOp o = op(NcclOpKind::kAllToAll, b.p, b.p, 1, DataType::kFloat32);
     o.device = rank / 2;
     try {
       ex.run(o);
-      ADD_FAILURE() << "allgather ran";
+      ADD_FAILURE() << "alltoall ran";
     } catch (const Error& e) {
-      EXPECT_NE(std::string(e.what()).find("has no allgather"), std::string::npos) << e.what();
+      const std::string m = e.what();
+      EXPECT_NE(m.find(strCat("has no ", ncclOpName(NcclOpKind::kAllToAll))), std::string::npos)
+          << m;
     }
     EXPECT_EQ(ex.opsIssued(), 0u) << "refused before anything was enqueued";
   });
+}
+
+// ---- reduce, allgather, reduce_scatter (Note [Hierarchical reduce,
+// allgather and reduce_scatter] in hier.h) ------------------------------------
+
+// The reduction of val over the n ranks at element i under `o` (AVG and
+// PREMUL_SUM with factor rank + 1 as the tests here use them).
+double reduced(ReduceOp o, int n, size_t i) {
+  double sum = 0, max = 0, premul = 0;
+  for (int q = 0; q < n; ++q) {
+    sum += val(q, i);
+    max = std::max(max, val(q, i));
+    premul += (q + 1) * val(q, i);
+  }
+  return o == ReduceOp::kMax ? max : o == ReduceOp::kAvg ? sum / n
+                                   : o == ReduceOp::kPremulSum ? premul : sum;
+}
+
+// Exact, except AVG: two roundings (Note [Hierarchical CUDA collectives]),
+// within 2u of the exact mean for inputs of one sign.
+void expectReduced(DataType t, ReduceOp o, double got, double want, size_t i) {
+  if (o != ReduceOp::kAvg) {
+    ASSERT_EQ(got, want) << i;
+    return;
+  }
+  const double u = t == DataType::kBFloat16 ? std::ldexp(1.0, -8) : std::ldexp(1.0, -24);
+  ASSERT_LE(std::fabs(got - want), 2 * u * want) << i << " got " << got;
+}
+
+void checkReduceAllgatherReduceScatter(const std::vector<int>& deviceOf) {
+  const int n = static_cast<int>(deviceOf.size());
+  // 0, 1, odd, and several halves (the larger ones in several chunks).
+  const size_t counts[] = {0, 1, 7, 2 * kHalf + 3};
+  const DataType types[] = {DataType::kFloat32, DataType::kBFloat16, DataType::kInt32};
+  runHier(deviceOf, [&](int rank, NcclExecutor& ex) {
+    const int device = deviceOf[rank];
+    auto run = [&](NcclOp o) {
+      o.device = device;
+      ex.run(o)->wait();
+    };
+    for (DataType t : types) {
+      std::vector<ReduceOp> ops = {ReduceOp::kSum, ReduceOp::kMax};
+      if (t != DataType::kInt32) ops.push_back(ReduceOp::kAvg);
+      if (t == DataType::kFloat32) ops.push_back(ReduceOp::kPremulSum);
+      for (size_t count : counts) {
+        SCOPED_TRACE(strCat(n, " ranks, rank ", rank, ", ", toString(t), ", count ", count));
+        // reduce: to every rank (leaders and not) with SUM, to the last with
+        // each op; the others' buffers untouched, out of place and in place.
+        DeviceBuffer in(t, count, device), out(t, count, device);
+        for (int root = 0; root < n; ++root) {
+          for (ReduceOp o : ops) {
+            if (o != ReduceOp::kSum && root != n - 1) continue;
+            SCOPED_TRACE(strCat("reduce ", toString(o), " to ", root));
+            for (size_t i = 0; i < count; ++i) {
+              in.set(i, val(rank, i));
+              out.set(i, -1);
+            }
+            NcclOp p = op(NcclOpKind::kReduce, in.p, out.p, count, t, o, root);
+            p.premulFactor = rank + 1;
+            run(p);
+            for (size_t i = 0; i < count; ++i) {
+              ASSERT_EQ(in.get(i), val(rank, i)) << "the input is kept " << i;
+              if (rank == root) {
+                expectReduced(t, o, out.get(i), reduced(o, n, i), i);
+              } else {
+                ASSERT_EQ(out.get(i), -1) << "a non-root's output is untouched " << i;
+              }
+            }
+          }
+          run(op(NcclOpKind::kReduce, in.p, in.p, count, t, ReduceOp::kSum, root));
+          for (size_t i = 0; i < count; ++i) {
+            ASSERT_EQ(in.get(i), rank == root ? reduced(ReduceOp::kSum, n, i) : val(rank, i))
+                << "in place, root " << root << ", " << i;
+          }
+        }
+        // allgather: out of place, then in place (the input is block `rank`).
+        DeviceBuffer all(t, n * count, device);
+        for (size_t i = 0; i < count; ++i) in.set(i, val(rank, i));
+        for (size_t i = 0; i < n * count; ++i) all.set(i, -1);
+        run(op(NcclOpKind::kAllgather, in.p, all.p, count, t));
+        for (int q = 0; q < n; ++q) {
+          for (size_t i = 0; i < count; ++i) {
+            ASSERT_EQ(all.get(q * count + i), val(q, i)) << "allgather block " << q << " " << i;
+          }
+        }
+        for (size_t i = 0; i < n * count; ++i) all.set(i, i / count == size_t(rank) ? val(rank, i % count) : -1);
+        char* mine = static_cast<char*>(all.p) + rank * count * elementSize(t);
+        run(op(NcclOpKind::kAllgather, mine, all.p, count, t));
+        for (int q = 0; q < n; ++q) {
+          for (size_t i = 0; i < count; ++i) {
+            ASSERT_EQ(all.get(q * count + i), val(q, i)) << "in place, block " << q << " " << i;
+          }
+        }
+        // reduce_scatter: rank r's block j is its elements j*count.., and
+        // rank r receives the reduction of block r.
+        for (ReduceOp o : ops) {
+          SCOPED_TRACE(strCat("reduce_scatter ", toString(o)));
+          for (size_t i = 0; i < n * count; ++i) all.set(i, val(rank, i));
+          for (size_t i = 0; i < count; ++i) out.set(i, -1);
+          NcclOp p = op(NcclOpKind::kReduceScatter, all.p, out.p, count, t, o);
+          p.premulFactor = rank + 1;
+          run(p);
+          for (size_t i = 0; i < count; ++i) {
+            expectReduced(t, o, out.get(i), reduced(o, n, rank * count + i), i);
+          }
+        }
+      }
+    }
+    EXPECT_EQ(ex.communicatorsCreated(), 1);
+  });
+}
+
+TEST_F(Hier, ReduceAllgatherReduceScatter4RanksOn2Gpus) {
+  checkReduceAllgatherReduceScatter({0, 0, 1, 1});
+}
+// Ranks 0 and 2 on one GPU, 1 and 3 on the other: the leaders' blocks are
+// not in rank order.
+TEST_F(Hier, ReduceAllgatherReduceScatter4RanksInterleaved) {
+  checkReduceAllgatherReduceScatter({0, 1, 0, 1});
+}
+TEST_F(Hier, ReduceAllgatherReduceScatter6RanksOn3Gpus) {
+  checkReduceAllgatherReduceScatter({0, 1, 2, 0, 1, 2});
+}
+TEST_F(Hier, ReduceAllgatherReduceScatter6RanksOn2Gpus) {
+  checkReduceAllgatherReduceScatter({1, 0, 1, 0, 1, 0});
+}
+TEST_F(Hier, ReduceAllgatherReduceScatter6RanksOn2GpusInBlocks) {
+  checkReduceAllgatherReduceScatter({0, 0, 0, 1, 1, 1});
 }
 
 // A rank that stops calling (here: never issues the second allreduce) makes

@@ -7,8 +7,9 @@ leaders. The simulated NCCL meets its communicators inside one process, so the r
 here are threads, each with its own ProcessGroupBraid over one store, as
 tests/cpp/test_cuda_hier.cc's are. all_reduce (SUM, MAX, AVG) and broadcast are checked
 against closed forms at counts 0, 1, odd and several same-GPU halves, the executor's
-op counter shows they ran hierarchically, and gather, which the hierarchical executor
-lacks (as allgather, reduce and AVG of integers), is staged and still right.
+op counter shows they ran hierarchically; so do reduce, allgather and reduce_scatter,
+in a contiguous and an interleaved layout; and gather, which the hierarchical executor
+lacks (as AVG of integers), is staged and still right.
 """
 
 import datetime
@@ -25,7 +26,7 @@ HALF = 4096  # BRAID_CUDA_SAME_GPU_BYTES / 2: several chunks per op
 N = 4
 
 
-def _run_ranks(body, n=N, timeout_s=60):
+def _run_ranks(body, n=N, timeout_s=60, device_of=lambda r: r // 2):
     import torch
     import torch_braid._sim_cuda
     from torch_braid import _C
@@ -39,7 +40,7 @@ def _run_ranks(body, n=N, timeout_s=60):
     def main(r):
         pg = _C.ProcessGroupBraid(store, r, n, datetime.timedelta(seconds=30))
         try:
-            body(r, pg, torch.device("cuda", r // 2))
+            body(r, pg, torch.device("cuda", device_of(r)))
         except BaseException as e:  # noqa: BLE001 - reported below
             errors[r] = e
         finally:
@@ -121,17 +122,6 @@ def test_ops_it_lacks_are_staged():
         if r == 1:
             for q in range(N):
                 assert torch.equal(outs[q].cpu(), _value(torch, q, count, torch.float32)), q
-        # allgather and reduce too.
-        out = torch.zeros(N * 5, device=cuda)
-        pg._allgather_base(out, _value(torch, r, 5, torch.float32).to(cuda)).wait()
-        want = torch.cat([_value(torch, q, 5, torch.float32) for q in range(N)])
-        assert torch.equal(out.cpu(), want)
-        t = _value(torch, r, 9, torch.float32).to(cuda)
-        ropts = dist.ReduceOptions()
-        ropts.rootRank = 3
-        pg.reduce([t], ropts).wait()
-        if r == 3:
-            assert torch.equal(t.cpu(), sum(_value(torch, q, 9, torch.float32) for q in range(N)))
         # AVG of integers: the same-GPU kernels divide floats only, so staged
         # (the integer sum divided, truncating, as braid's CPU path does).
         t = _value(torch, r, 11, torch.int32).to(cuda)
@@ -140,6 +130,54 @@ def test_ops_it_lacks_are_staged():
         pg.allreduce([t], aopts).wait()
         total = sum(_value(torch, q, 11, torch.int32) for q in range(N))
         assert torch.equal(t.cpu(), torch.div(total, N, rounding_mode="trunc").int())
-        assert pg._cuda_executor_ops() == before, "gather, allgather, reduce, int AVG were staged"
+        assert pg._cuda_executor_ops() == before, "gather and int AVG were staged"
 
     _run_ranks(body)
+
+
+@pytest.mark.parametrize("layout", ["blocks", "interleaved"])
+def test_reduce_allgather_reduce_scatter_run_hierarchically(layout):
+    """reduce (to a leader and to a non-leader), _allgather_base and _reduce_scatter_base
+    (Note [Hierarchical reduce, allgather and reduce_scatter] in csrc/cuda/hier.h), with
+    ranks 0, 1 on cuda:0 (blocks) or ranks 0, 2 on cuda:0 (interleaved: the GPUs' blocks
+    are not in rank order), against closed forms; the executor's op counter moves by one
+    per op, which the staged path never touches."""
+    import torch
+    import torch.distributed as dist
+
+    def body(r, pg, cuda):
+        t = torch.ones(3, device=cuda)
+        pg.allreduce([t]).wait()
+        executor = pg._cuda_executor()
+        assert executor.startswith("hier: 4 ranks on 2 GPUs"), executor
+        before = pg._cuda_executor_ops()
+        ops = 0
+        for dtype in (torch.float32, torch.bfloat16, torch.int32):
+            for count in (0, 1, 7, 2 * HALF + 3):
+                inputs = [_value(torch, q, count, dtype) for q in range(N)]
+                for root in (1, 2):
+                    t = inputs[r].to(cuda)
+                    ropts = dist.ReduceOptions()
+                    ropts.rootRank = root
+                    ropts.reduceOp = dist.ReduceOp.MAX if dtype == torch.int32 else dist.ReduceOp.SUM
+                    pg.reduce([t], ropts).wait()
+                    want = (torch.stack(inputs).max(0).values if count else inputs[r]) \
+                        if dtype == torch.int32 else sum(x.double() for x in inputs).to(dtype)
+                    got = t.cpu()
+                    if r == root:
+                        assert torch.equal(got, want), ("reduce", dtype, count, root)
+                    else:
+                        assert torch.equal(got, inputs[r]), ("reduce kept input", dtype, count)
+                    ops += 1
+                out = torch.full((N * count,), -1, dtype=dtype, device=cuda)
+                pg._allgather_base(out, inputs[r].to(cuda)).wait()
+                assert torch.equal(out.cpu(), torch.cat(inputs)), ("allgather", dtype, count)
+                full = [_value(torch, q, N * count, dtype) for q in range(N)]
+                got = torch.full((count,), -1, dtype=dtype, device=cuda)
+                pg._reduce_scatter_base(got, full[r].to(cuda)).wait()
+                want = sum(x.double() for x in full).to(dtype)[r * count:(r + 1) * count]
+                assert torch.equal(got.cpu(), want), ("reduce_scatter", dtype, count)
+                ops += 2
+        assert pg._cuda_executor_ops() - before == ops, "they ran hierarchically"
+
+    _run_ranks(body, device_of=(lambda r: r // 2) if layout == "blocks" else (lambda r: r % 2))
