@@ -155,10 +155,10 @@ def test_gather_scatter_alltoall(world, dtype):
     H.check_reports(world.run(_gather_scatter_alltoall, dtype, (0, 1, 1023, 5 * HALF + 3)))
 
 
-def _die_or_allreduce(ctx):
+def _die_or_allreduce(ctx, count):
     torch, dist = ctx.torch, ctx.dist
     group, _ = _group(ctx)
-    t = torch.ones(3 * HALF, device="cuda:0")
+    t = torch.ones(count, device="cuda:0")
     dist.all_reduce(t, group=group)  # every rank has opened every peer's memory
     if ctx.rank == 1:
         os._exit(1)
@@ -171,11 +171,14 @@ def _die_or_allreduce(ctx):
         return str(e), time.monotonic() - start
 
 
-def test_a_rank_that_exits_mid_op_is_named_and_nothing_leaks():
+# 3 halves: the chunked path; 7 elements: one barrier and one kernel (Note
+# [Same-GPU small messages]).
+@pytest.mark.parametrize("count", [3 * HALF, 7], ids=["chunked", "small"])
+def test_a_rank_that_exits_mid_op_is_named_and_nothing_leaks(count):
     world = H.World(2, pg_timeout=30.0, name="same-gpu-dead")
     pid1 = world.pids[1]
     try:
-        outcomes = world.run_outcomes(_die_or_allreduce, expect_exit=True, timeout=60)
+        outcomes = world.run_outcomes(_die_or_allreduce, count, expect_exit=True, timeout=60)
     finally:
         world.close(timeout=30, graceful=True)
     assert outcomes[1].exitcode == 1, outcomes[1].describe()
