@@ -203,6 +203,9 @@ PYBIND11_MODULE(_C, m) {
            "buffers]); ordinary memory where the group cannot register it.")
       .def("_is_registered", &braid::ProcessGroupBraid::isRegistered, py::arg("tensor"),
            "Whether the tensor's memory is registered with this group.")
+      .def("_adopted_buffers", &braid::ProcessGroupBraid::adoptedBuffers,
+           "How many buffers this rank moved into registered memory (Note [Adopting a "
+           "repeated buffer]).")
       .def("_fr_describe", &braid::ProcessGroupBraid::describeForRecorder, py::arg("name"),
            py::arg("global_ranks"),
            "The group's name and members' global ranks, for the flight recorder's dumps.");

@@ -1,6 +1,7 @@
 // Construction, the launch machinery, and the reducing collectives.
 #include "backend/process_group.h"
 
+#include "backend/buffer_adoption.h"
 #include "backend/coalesced_work.h"
 #include "backend/cuda_op.h"
 #include "cuda/nccl_api.h"
@@ -54,6 +55,7 @@ ProcessGroupBraid::ProcessGroupBraid(const c10::intrusive_ptr<c10d::Store>& stor
   auto group = collectives::makeGroup(adapted, rank, size, opts);  // Note [Choosing a group's transport]
   const std::string how = group->describe();
   narrowsOnWire_ = group->narrowsOnWire();
+  if (group->regionTable() && size > 1) adoption_ = std::make_shared<BufferAdoption>();
   engine_ = std::make_unique<Engine>(std::move(group), timeout);
   CudaGroupInfo cudaInfo;
   cudaInfo.rank = rank;
@@ -253,15 +255,20 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupBraid::allreduce(std::vector<at::Tens
                         cuda::NcclOpKind::kAllreduce, t.data_ptr(), t.data_ptr(), factor);
     }
     auto st = args::Staged::in(t);
+    // Note [Adopting a repeated buffer]
+    d.offersBuffer = adoption_ && adoption_->offer(t, d.redop);
     const bool premul = d.redop == ReduceOp::kPremulSum;
     if (premul) d.redop = ReduceOp::kSum;  // the sum of pre-scaled copies
     Engine* e = engine_.get();
     return launch(d, c10d::OpType::ALLREDUCE, "braid:allreduce", tensors,
-                  [e, d, st, premul, factor] {
+                  [e, d, st, premul, factor, adoption = adoption_] {
                     // On the worker: a CUDA tensor's values reach st.buf only there.
                     at::Tensor src = premul ? st.buf * factor : st.buf;
                     e->group().allreduce(d, src.data_ptr(), st.data());
                     st.copyBack();
+                    if (d.offersBuffer && e->group().everyRankOffered()) {
+                      adoption->adopt(e, d, st.user);
+                    }
                   });
   });
 }

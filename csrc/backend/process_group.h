@@ -19,6 +19,7 @@ namespace braid {
 class Engine;       // backend/engine.h: worker thread, transport, collectives
 class CudaBinding;  // backend/cuda_context.h: the group's CUDA device and comm stream
 class CudaContext;
+class BufferAdoption;  // backend/buffer_adoption.h: Note [Adopting a repeated buffer]
 namespace cuda {
 enum class NcclOpKind;  // cuda/nccl_executor.h
 struct NcclOp;          // cuda/nccl_executor.h
@@ -134,6 +135,9 @@ class ProcessGroupBraid : public compat::BackendBase {
   // Whether `t`'s memory lies in a region this group registered (and has not
   // released): its allreduce then takes the registered path.
   bool isRegistered(const at::Tensor& t) const;
+  // How many buffers this rank has moved into registered memory (Note
+  // [Adopting a repeated buffer] in backend/buffer_adoption.h).
+  uint64_t adoptedBuffers() const;
   // Note [Allreduce on a narrower wire] (collectives/shm/collectives.h):
   // whether allreduceNarrowed takes `t`: a contiguous float32 CPU tensor, in
   // a group whose ranks share one host (the same answer on every rank).
@@ -220,6 +224,9 @@ class ProcessGroupBraid : public compat::BackendBase {
   std::atomic<uint64_t> monitoredBarriers_{0};  // numbers each call's messages
   std::unique_ptr<Engine> engine_;
   bool narrowsOnWire_ = false;  // the group's Group::narrowsOnWire(), read once
+  // Note [Adopting a repeated buffer]; null where the group has no registered
+  // memory. Shared with the jobs that move buffers.
+  std::shared_ptr<BufferAdoption> adoption_;
   std::unique_ptr<CudaBinding> cuda_;  // Note [One device per group]
   std::unique_ptr<GroupRecorder> fr_;  // Note [Flight recorder]
   std::atomic<bool> frNamed_{false};   // torch's name for the group was read

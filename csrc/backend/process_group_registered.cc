@@ -3,6 +3,7 @@
 // group, and a CPU tensor over it whose deleter releases it.
 #include "backend/process_group.h"
 
+#include "backend/buffer_adoption.h"
 #include "backend/engine.h"
 #include "common/error.h"
 #include "transport/shm/shared_region.h"
@@ -41,6 +42,10 @@ bool ProcessGroupBraid::isRegistered(const at::Tensor& t) const {
   collectives::RegionTable::Ref ref;
   return table && t.defined() && t.device().is_cpu() && t.is_contiguous() &&
          table->find(t.data_ptr(), t.numel() * t.element_size(), &ref);
+}
+
+uint64_t ProcessGroupBraid::adoptedBuffers() const {
+  return adoption_ ? adoption_->moved() : 0;
 }
 
 }  // namespace braid

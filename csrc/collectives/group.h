@@ -69,6 +69,10 @@ class Group {
     (void)region;
     return 0;
   }
+  // After an op whose desc had offersBuffer set: whether every rank's had
+  // (Note [Adopting a repeated buffer] in backend/buffer_adoption.h); the
+  // same on every rank. Transports without registered buffers: never.
+  virtual bool everyRankOffered() const { return false; }
   // Where registered regions are released (any thread); nullptr without them.
   virtual std::shared_ptr<RegionTable> regionTable() { return nullptr; }
   // After an error that leaves ranks out of step: later ops fail at once.

@@ -167,3 +167,35 @@ TEST(RegisteredRelease, AReleasedRegionIsOrdinaryMemoryAgain) {
 
 }  // namespace
 }  // namespace braid
+
+namespace braid {
+namespace {
+
+// Note [Adopting a repeated buffer]: offersBuffer is ANDed over the ranks'
+// headers, not compared, on every path an allreduce takes (one-shot, slots).
+TEST(AdoptionOffer, EveryRankLearnsWhetherAllOffered) {
+  for (int n : {1, 2, 3, 5}) {
+    Group g(n, testing::slots(4096));
+    for (size_t count : {size_t{1}, size_t{3000}}) {  // one-shot, then through the slots
+      for (int refuser : {-1, 0, n - 1}) {
+        runRanks(n, [&](int r) {
+          Communicator& c = *g.comms[r];
+          std::vector<float> buf(count, static_cast<float>(r + 1));
+          auto d = desc(OpKind::kAllreduce, count);
+          d.offersBuffer = r != refuser;
+          EXPECT_FALSE(c.everyRankOffered());
+          collectives::allreduce(c, d, buf.data(), buf.data());
+          EXPECT_EQ(c.everyRankOffered(), refuser < 0)
+              << "n=" << n << " count=" << count << " refuser=" << refuser << " rank=" << r;
+          EXPECT_EQ(buf[count - 1], n * (n + 1) / 2.f);  // the op itself is unchanged
+          // the next op starts over
+          collectives::barrier(c, desc(OpKind::kBarrier, 0));
+          EXPECT_FALSE(c.everyRankOffered());
+        });
+      }
+    }
+  }
+}
+
+}  // namespace
+}  // namespace braid

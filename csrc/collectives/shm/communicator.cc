@@ -60,6 +60,7 @@ struct WireHeader {
   uint64_t directMin;     // BRAID_DIRECT_MIN_BYTES
   uint64_t chunkSetting;  // BRAID_CHUNK_BYTES as set (0: automatic)
   uint64_t chunkBytes;    // the chunk size in use (Note [Chunk size and direct reads])
+  uint32_t offersBuffer;  // Note [Adopting a repeated buffer]: not compared, ANDed
 };
 static_assert(sizeof(WireHeader) <= kMetaOffset, "header overlaps the size table");
 
@@ -157,6 +158,7 @@ Communicator::~Communicator() { regions_->clear(); }
 
 void Communicator::beginOp(const OpDesc& op) {
   ++opSeq_;
+  everyRankOffered_ = false;
   ctx_.op = opName(op.kind);
   ctx_.opSeq = opSeq_;
   ctx_.deadline = op.deadline;
@@ -191,6 +193,7 @@ void Communicator::writeHeader(const OpDesc& op, uint64_t step, Algo algo) {
   h->chunkSetting = cfg_.chunkBytes;
   h->chunkBytes = chunkBytes_;
   h->maxSendBytes = 0;
+  h->offersBuffer = op.offersBuffer ? 1 : 0;
   h->inAddr = op.inAddr;
   h->outAddr = op.outAddr;
   if (!op.peerAddrs.empty()) {
@@ -214,6 +217,10 @@ void Communicator::exchange(const OpDesc& op, uint64_t step) {
   for (int peer = 0; peer < size_; ++peer) {
     if (peer != rank_) checkPeer(op, peer, step);
   }
+  // Every rank reads every header, so all of them reach the same answer.
+  bool all = true;
+  for (int r = 0; r < size_ && all; ++r) all = headerAt(*window_, r, step)->offersBuffer != 0;
+  everyRankOffered_ = all;
   if (op.kind != OpKind::kAlltoall) return;
   // Every rank checks the whole size matrix, so that all of them agree on
   // whether the op goes ahead (see Note [Op headers]).

@@ -64,6 +64,11 @@ struct OpDesc {
   DataType wire = DataType::kFloat32;
   float wireDivisor = 0.f;
   bool narrowed() const { return wireDivisor > 0.f; }
+  // Note [Adopting a repeated buffer] (backend/buffer_adoption.h): this rank
+  // offers to move the op's buffer into registered memory after the op. Not
+  // compared between ranks: the buffer moves only where every rank offered
+  // (Communicator::everyRankOffered).
+  bool offersBuffer = false;
   // Set when this rank failed the op's argument checks: the op then only
   // tells the peers (see Note [Op headers]) and throws this message.
   std::string localError;
@@ -149,6 +154,10 @@ class Communicator {
   // (a timeout, a dead peer): later ops fail at once with the first error.
   void markBroken(const std::string& why);
   const std::string& brokenReason() const { return broken_; }
+  // Whether every rank's header of the current op had offersBuffer set (Note
+  // [Adopting a repeated buffer]); the same on every rank once its header
+  // step has passed, false before.
+  bool everyRankOffered() const { return everyRankOffered_; }
 
  private:
   void checkPeer(const OpDesc& op, int peer, uint64_t step);
@@ -160,6 +169,7 @@ class Communicator {
   uint64_t opSeq_ = 0;
   transport::WaitContext ctx_;
   std::string broken_;
+  bool everyRankOffered_ = false;
   std::vector<uint8_t> scratch_;
   const CollectiveConfig cfg_;
   const size_t chunkBytes_;

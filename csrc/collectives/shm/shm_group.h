@@ -38,6 +38,7 @@ class ShmGroup : public Group {
   uint64_t registerBuffer(const OpDesc& op,
                           const std::shared_ptr<transport::shm::SharedRegion>& region) override;
   std::shared_ptr<RegionTable> regionTable() override { return comm_.regions(); }
+  bool everyRankOffered() const override { return comm_.everyRankOffered(); }
   void markBroken(const std::string& why) override { comm_.markBroken(why); }
 
   PointToPoint& p2p() override;
