@@ -60,6 +60,20 @@ class Window {
   virtual uint8_t* data(int rank, uint64_t step) = 0;
   virtual uint8_t* control(int rank, uint64_t step) = 0;
 
+  // Note [Bytes beside the step counter]
+  // kLineBytes bytes in the cache line of `rank`'s step counter, or nullptr
+  // where the window has none. Only the owner writes its own, before it
+  // publishes the step they belong to; a peer reads them once it has seen
+  // that step. A waiter then gets the step and a small payload (the tree
+  // allreduce's partial or result, collectives/shm/tree.h) in one cache-line
+  // transfer. Whoever uses them must know that no peer still reads the bytes
+  // of an earlier step when it writes them again: the window cannot tell.
+  static constexpr size_t kLineBytes = 56;
+  virtual uint8_t* lineBytes(int rank) {
+    (void)rank;
+    return nullptr;
+  }
+
   virtual uint64_t published(int rank) const = 0;
   virtual void publish(uint64_t step) = 0;
   // Waits until `peer` has published `step` or later. Throws TimeoutError

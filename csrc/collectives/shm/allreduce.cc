@@ -2,6 +2,7 @@
 #include <vector>
 
 #include "collectives/shm/collectives.h"
+#include "collectives/shm/tree.h"
 #include "collectives/reduce_share.h"
 
 namespace braid {
@@ -15,6 +16,7 @@ void allreduce(Communicator& c, const OpDesc& op, const void* in, void* out) {
     case Algo::kRegistered: return allreduceRegistered(c, op, out, ref);
     case Algo::kDirect: return allreduceDirect(c, op, in, out);
     case Algo::kOneShot: return allreduceOneShot(c, op, in, out);
+    case Algo::kTree: return allreduceTree(c, op, in, out);
     default: return allreduceRsAg(c, op, in, out);
   }
 }

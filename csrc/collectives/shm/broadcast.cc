@@ -2,6 +2,7 @@
 #include <cstring>
 
 #include "collectives/shm/collectives.h"
+#include "collectives/shm/tree.h"
 
 namespace braid {
 namespace collectives {
@@ -35,7 +36,12 @@ void broadcast(Communicator& c, const OpDesc& op, void* buf) {
   }
 }
 
-void barrier(Communicator& c, const OpDesc& op) { c.headerStep(op, Algo::kHeaderOnly); }
+// Barriers take the tree in groups where small allreduces do (Note [Tree
+// allreduce] in tree.h): the same two steps, with no data.
+void barrier(Communicator& c, const OpDesc& op) {
+  if (c.plan(OpKind::kBarrier, 0) == Algo::kTree) return allreduceTree(c, op, nullptr, nullptr);
+  c.headerStep(op, Algo::kHeaderOnly);
+}
 
 void failOp(Communicator& c, const OpDesc& op) {
   c.headerStep(op, Algo::kHeaderOnly);  // throws op.localError once the peers have seen it

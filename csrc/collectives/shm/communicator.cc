@@ -60,6 +60,8 @@ struct WireHeader {
   uint64_t directMin;     // BRAID_DIRECT_MIN_BYTES
   uint64_t chunkSetting;  // BRAID_CHUNK_BYTES as set (0: automatic)
   uint64_t chunkBytes;    // the chunk size in use (Note [Chunk size and direct reads])
+  uint64_t treeRanks;     // BRAID_ALLREDUCE_TREE_RANKS (Note [Tree allreduce] in tree.h)
+  uint64_t treeMaxBytes;  // BRAID_ALLREDUCE_TREE_MAX_BYTES
   uint32_t offersBuffer;  // Note [Adopting a repeated buffer]: not compared, ANDed
 };
 static_assert(sizeof(WireHeader) <= kMetaOffset, "header overlaps the size table");
@@ -77,6 +79,16 @@ void checkSettings(const char* op, int rank, int peer, OpKind kind, const WireHe
     if (theirs.oneShotMax != mine.oneShotMax) {
       settingDiffers(op, rank, peer, setting, std::to_string(theirs.oneShotMax),
                      std::to_string(mine.oneShotMax));
+    }
+  }
+  if (hasTreePath(kind)) {
+    if (theirs.treeRanks != mine.treeRanks) {
+      settingDiffers(op, rank, peer, "BRAID_ALLREDUCE_TREE_RANKS", std::to_string(theirs.treeRanks),
+                     std::to_string(mine.treeRanks));
+    }
+    if (kind == OpKind::kAllreduce && theirs.treeMaxBytes != mine.treeMaxBytes) {
+      settingDiffers(op, rank, peer, "BRAID_ALLREDUCE_TREE_MAX_BYTES",
+                     std::to_string(theirs.treeMaxBytes), std::to_string(mine.treeMaxBytes));
     }
   }
   if (hasDirectPath(kind)) {
@@ -139,9 +151,31 @@ Communicator::Communicator(std::unique_ptr<transport::Window> window,
 }
 
 // The op header, then three uint64 per rank (alltoall sizes, per-peer buffer
-// addresses) at kMetaOffset.
+// addresses) at kMetaOffset, then the tree's error text (Note [Tree allreduce]).
 size_t Communicator::controlBytesFor(int size) {
-  return kMetaOffset + 3 * sizeof(uint64_t) * static_cast<size_t>(size);
+  return kMetaOffset + 3 * sizeof(uint64_t) * static_cast<size_t>(size) + kTreeErrorBytes;
+}
+
+char* Communicator::treeErrorText(int rank, uint64_t step) {
+  return reinterpret_cast<char*>(window_->control(rank, step) + kMetaOffset +
+                                 3 * sizeof(uint64_t) * static_cast<size_t>(size_));
+}
+
+Algo Communicator::algoIn(int rank, uint64_t step) {
+  return static_cast<Algo>(headerAt(*window_, rank, step)->algo);
+}
+
+uint64_t Communicator::treeSteps() {
+  const uint64_t s = ++step_;
+  // Note [Tree slots] (tree.h): right after this group's own tree op that
+  // ended well nobody still reads either slot; after any other op the flat
+  // rule (Note [Step protocol]) holds.
+  if (s != afterTree_ + 1 && s > transport::Window::kSlots) {
+    window_->waitAll(s - transport::Window::kSlots + 1, ctx_);
+  }
+  ++step_;  // the release
+  afterTree_ = 0;
+  return s;
 }
 
 uint64_t Communicator::inAddr(int rank, uint64_t step) { return headerAt(*window_, rank, step)->inAddr; }
@@ -192,6 +226,8 @@ void Communicator::writeHeader(const OpDesc& op, uint64_t step, Algo algo) {
   h->directMin = cfg_.directMinBytes;
   h->chunkSetting = cfg_.chunkBytes;
   h->chunkBytes = chunkBytes_;
+  h->treeRanks = cfg_.treeRanks;
+  h->treeMaxBytes = cfg_.treeMaxBytes;
   h->maxSendBytes = 0;
   h->offersBuffer = op.offersBuffer ? 1 : 0;
   h->inAddr = op.inAddr;
@@ -213,6 +249,15 @@ void Communicator::writeHeader(const OpDesc& op, uint64_t step, Algo algo) {
 void Communicator::exchange(const OpDesc& op, uint64_t step) {
   window_->publish(step);
   window_->waitAll(step, ctx_);
+  // Note [Flat ranks among tree ranks] (tree.h)
+  if (algoIn(rank_, step) != Algo::kTree) {
+    for (int peer = 0; peer < size_; ++peer) {
+      if (peer != rank_ && algoIn(peer, step) == Algo::kTree) {
+        followTree(op, step);
+        break;
+      }
+    }
+  }
   if (!op.localError.empty()) throw Error(op.localError);
   for (int peer = 0; peer < size_; ++peer) {
     if (peer != rank_) checkPeer(op, peer, step);
@@ -243,6 +288,48 @@ void Communicator::checkPeer(const OpDesc& op, int peer, uint64_t step) {
   checkOpHeader(me, rank_, peer, h->op, mine->op);
   // Compared with what this rank wrote into its own header for this step.
   checkSettings(me, rank_, peer, op.kind, *h, *mine);
+}
+
+void Communicator::followTree(const OpDesc& op, uint64_t step) {
+  std::string why = op.localError;
+  for (int peer = 0; peer < size_ && why.empty(); ++peer) {
+    if (peer == rank_) continue;
+    try {
+      checkPeer(op, peer, step);
+    } catch (const Error& e) {
+      why = e.what();
+    }
+  }
+  if (why.empty()) {  // not reached: the path differs, which checkPeer compares
+    why = strCat("rank ", rank_, " takes the ", algoName(algoIn(rank_, step)), " path");
+  }
+  ++step_;
+  afterTree_ = 0;
+  // What this rank says comes from the headers read above, never after the
+  // publish below: from then on a tree rank may start its next op and write
+  // its header again.
+  if (rank_ == 0) {
+    // This rank holds the tree root's place: its release tells the tree
+    // ranks that the op failed, here, and why (a header says tree, this
+    // rank's does not: some check above threw).
+    treeRelease(step + 1, 1, why);
+  } else {
+    window_->publish(step + 1);
+  }
+  throw Error(op.localError.empty() ? why : op.localError);
+}
+
+void Communicator::setTreeError(uint64_t step, const std::string& why) {
+  const size_t n = std::min(why.size(), kTreeErrorBytes - 1);
+  char* text = treeErrorText(rank_, step);
+  std::memcpy(text, why.data(), n);
+  text[n] = '\0';
+}
+
+void Communicator::treeRelease(uint64_t step, uint64_t status, const std::string& why) {
+  if (status == static_cast<uint64_t>(rank_) + 1) setTreeError(step - 1, why);
+  std::memcpy(window_->lineBytes(rank_), &status, sizeof(status));
+  window_->publish(step);
 }
 
 uint64_t Communicator::maxAnnouncedBytes(uint64_t step) {

@@ -95,7 +95,9 @@ class Communicator {
   transport::Window& window() { return *window_; }
   uint64_t opCount() const { return opSeq_; }
   const CollectiveConfig& config() const { return cfg_; }
-  GroupLimits limits() const { return {window_->slotBytes(), window_->canReadPeers()}; }
+  GroupLimits limits() const {
+    return {window_->slotBytes(), window_->canReadPeers(), window_->lineBytes(rank_) ? size_ : 0};
+  }
   // The algorithm for `kind` with `bytes` per rank: see plan() in plan.h.
   Algo plan(OpKind kind, size_t bytes, bool registered = false) const {
     return collectives::plan(kind, bytes, cfg_, limits(), registered);
@@ -136,6 +138,31 @@ class Communicator {
   void publish(uint64_t step) { window_->publish(step); }
   void waitAll(uint64_t step) { window_->waitAll(step, ctx_); }
   void wait(int peer, uint64_t step) { window_->wait(peer, step, ctx_); }
+  // ---- the tree (Note [Tree allreduce] in tree.h) ---------------------------
+  // Takes the two steps of a tree op (gather, release); returns the first.
+  // Waits for every peer only where the flat rule needs it (Note [Tree slots]).
+  uint64_t treeSteps();
+  // A tree op that ended well at its release step `s`: the next tree op may
+  // reuse the slots without waiting for every peer (Note [Tree slots]).
+  void treeDone(uint64_t s) { afterTree_ = s; }
+  // Bytes beside `rank`'s step counter (Note [Bytes beside the step counter]
+  // in transport/window.h).
+  uint8_t* line(int rank) { return window_->lineBytes(rank); }
+  // Where a rank that found a tree op's error writes why, in the control
+  // area of the op's first step: kTreeErrorBytes, NUL-terminated.
+  static constexpr size_t kTreeErrorBytes = 512;
+  char* treeErrorText(int rank, uint64_t step);
+  // The root's release of the tree op whose release step is `step`: the
+  // status beside its counter (0, or 1 + the rank that found an error; when
+  // that is this rank, `why` goes to its treeErrorText), then the publish.
+  void treeRelease(uint64_t step, uint64_t status, const std::string& why);
+  // Writes `why` as this rank's treeErrorText of `step`.
+  void setTreeError(uint64_t step, const std::string& why);
+  // The path `rank` announced in `step`'s header.
+  Algo algoIn(int rank, uint64_t step);
+  // Compares `peer`'s header of `step` with this rank's; throws as exchange().
+  void checkHeader(const OpDesc& op, int peer, uint64_t step) { checkPeer(op, peer, step); }
+
   // The largest alltoall send size any rank announced in `step`'s header.
   uint64_t maxAnnouncedBytes(uint64_t step);
   // Buffer addresses `rank` announced in `step`'s header.
@@ -161,12 +188,17 @@ class Communicator {
 
  private:
   void checkPeer(const OpDesc& op, int peer, uint64_t step);
+  // Note [Flat ranks among tree ranks] (tree.h): the release step of the
+  // tree op that some peers run where this rank runs a flat one; then throws
+  // what this rank found (or op.localError).
+  [[noreturn]] void followTree(const OpDesc& op, uint64_t step);
 
   std::unique_ptr<transport::Window> window_;
   const int rank_;
   const int size_;
   uint64_t step_ = 0;
   uint64_t opSeq_ = 0;
+  uint64_t afterTree_ = 0;  // release step of the tree op just before, if it ended well
   transport::WaitContext ctx_;
   std::string broken_;
   bool everyRankOffered_ = false;

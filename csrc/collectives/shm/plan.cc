@@ -31,6 +31,17 @@ BRAID_SETTING_INT(kChunkBytes, "BRAID_CHUNK_BYTES", 0,
                   "0 = 256 KiB when every rank has a core, else the slot size. Must be equal "
                   "on every rank.");
 
+// Note [Tree allreduce] in tree.h; the defaults are discussed there.
+BRAID_SETTING_INT(kTreeRanks, "BRAID_ALLREDUCE_TREE_RANKS", 8,
+                  "Groups of at least this many ranks on a host run allreduces of up to "
+                  "BRAID_ALLREDUCE_TREE_MAX_BYTES, and barriers, as a radix-4 gather tree with a "
+                  "flat release instead of every rank reading every input; 0 = never. Must be "
+                  "equal on every rank.");
+BRAID_SETTING_INT(kTreeMaxBytes, "BRAID_ALLREDUCE_TREE_MAX_BYTES", 16 << 10,
+                  "Largest allreduce (bytes) that takes the tree (BRAID_ALLREDUCE_TREE_RANKS); "
+                  "also bounded by BRAID_ALLREDUCE_ONESHOT_MAX and half the slot size. Must be "
+                  "equal on every rank.");
+
 namespace {
 
 constexpr OpKind kFirstKind = OpKind::kAllreduce;
@@ -67,6 +78,8 @@ CollectiveConfig CollectiveConfig::fromEnv(int rank) {
   c.directMinBytes = nonNegative(kDirectMin, rank);
   c.directOps = parseDirectOps(kDirectOps.get(), rank);
   c.chunkBytes = nonNegative(kChunkBytes, rank);
+  c.treeRanks = nonNegative(kTreeRanks, rank);
+  c.treeMaxBytes = nonNegative(kTreeMaxBytes, rank);
   c.check(rank);
   return c;
 }
@@ -123,6 +136,7 @@ const char* algoName(Algo a) {
     case Algo::kBySizes: return "size-chosen";
     case Algo::kRegistered: return "registered-buffer";
     case Algo::kNarrowed: return "narrowed-wire";
+    case Algo::kTree: return "tree";
   }
   return "unknown algorithm";
 }
@@ -143,6 +157,8 @@ uint64_t oneShotMax(OpKind kind, const CollectiveConfig& cfg) {
   }
 }
 
+bool hasTreePath(OpKind kind) { return kind == OpKind::kAllreduce || kind == OpKind::kBarrier; }
+
 bool hasDirectPath(OpKind kind) {
   return kind != OpKind::kReduce && kind != OpKind::kBarrier && kind != OpKind::kRegister;
 }
@@ -162,10 +178,19 @@ bool stepsUseChunks(OpKind kind, Algo a) {
 
 Algo plan(OpKind kind, size_t bytes, const CollectiveConfig& cfg, const GroupLimits& g,
           bool registered) {
-  if (kind == OpKind::kBarrier || kind == OpKind::kRegister) return Algo::kHeaderOnly;
+  // Note [Tree allreduce]: g.treeRanks is 0 where the window cannot.
+  const bool treeGroup = cfg.treeRanks > 0 && g.treeRanks > 0 &&
+                         static_cast<uint64_t>(g.treeRanks) >= cfg.treeRanks;
+  if (kind == OpKind::kBarrier) return treeGroup ? Algo::kTree : Algo::kHeaderOnly;
+  if (kind == OpKind::kRegister) return Algo::kHeaderOnly;
   // Up to its threshold a reducing op never reads directly: one step beats a
   // header step, the reads and two more steps.
   if (oneShotSetting(kind) && bytes <= oneShotMax(kind, cfg)) {
+    // Partials of 16-bit types travel as float32: twice the bytes in a slot.
+    if (kind == OpKind::kAllreduce && treeGroup && bytes <= cfg.treeMaxBytes &&
+        2 * bytes <= g.slotBytes) {
+      return Algo::kTree;
+    }
     return bytes <= g.slotBytes ? Algo::kOneShot : Algo::kShm;
   }
   if (registered && kind == OpKind::kAllreduce) return Algo::kRegistered;

@@ -14,7 +14,9 @@
 //   Communicator::checkPeer compares them like the shape (Note [Op headers]),
 //   so every rank fails the op, naming the setting and both values, before
 //   any data moves, and the group stays usable. Compared are the op kind's
-//   own one-shot threshold, whether BRAID_DIRECT_OPS names the kind,
+//   own one-shot threshold, for allreduce and barrier the tree's
+//   BRAID_ALLREDUCE_TREE_RANKS (and for allreduce its _MAX_BYTES; Note [Tree
+//   allreduce] in tree.h), whether BRAID_DIRECT_OPS names the kind,
 //   BRAID_DIRECT_MIN_BYTES where it does, then the path, then the chunk size
 //   where the path's steps depend on it: a threshold is compared even where
 //   both values pick the same path for this op's size, so a mismatch fails
@@ -64,6 +66,10 @@ struct CollectiveConfig {
                        opBit(OpKind::kScatter) | opBit(OpKind::kReduceScatter) |
                        opBit(OpKind::kAlltoall);  // BRAID_DIRECT_OPS
   uint64_t chunkBytes = 0;  // BRAID_CHUNK_BYTES; 0: chosen from cores and slot size
+  // Note [Tree allreduce] (tree.h): groups of at least treeRanks ranks (0:
+  // none) gather small allreduces and barriers up a radix-4 tree.
+  uint64_t treeRanks = 8;              // BRAID_ALLREDUCE_TREE_RANKS
+  uint64_t treeMaxBytes = 16 << 10;    // BRAID_ALLREDUCE_TREE_MAX_BYTES
 
   // The BRAID_ environment variables, defaults where unset. Throws an Error
   // naming "init", `rank` and the setting when a value is invalid.
@@ -83,6 +89,9 @@ std::string directOpsList(uint32_t mask);
 struct GroupLimits {
   size_t slotBytes = 0;
   bool canReadPeers = false;
+  // The group's ranks where its window offers the bytes beside each step
+  // counter (Window::lineBytes) that the tree needs; 0 (no tree) otherwise.
+  int treeRanks = 0;
 };
 
 // How an op moves its data. Values travel in op headers.
@@ -94,6 +103,7 @@ enum class Algo : uint32_t {
   kBySizes,         // alltoall: kShm or kDirect, from the sizes in the headers
   kRegistered,      // allreduce in registered buffers (Note [Registered buffers])
   kNarrowed,        // allreduce on a 16-bit wire (Note [Allreduce on a narrower wire])
+  kTree,            // allreduce, barrier: gather up a radix-4 tree, flat release (Note [Tree allreduce])
 };
 const char* algoName(Algo a);
 
@@ -107,6 +117,9 @@ Algo plan(OpKind kind, size_t bytes, const CollectiveConfig& cfg, const GroupLim
 // The one-shot threshold setting of `kind` (nullptr: none) and its value.
 const char* oneShotSetting(OpKind kind);
 uint64_t oneShotMax(OpKind kind, const CollectiveConfig& cfg);
+// Whether `kind` may take the tree (Note [Tree allreduce]), so that its
+// settings matter to it.
+bool hasTreePath(OpKind kind);
 // Whether `kind` has a direct path, so that BRAID_DIRECT_OPS matters to it.
 bool hasDirectPath(OpKind kind);
 // Whether the steps of `kind` run as `a` depend on the chunk size.

@@ -25,7 +25,10 @@ namespace shm {
 
 struct alignas(64) Counter {
   std::atomic<uint64_t> value{0};
-  char pad0[56];
+  // Written by the counter's owner before a publish and read by peers after
+  // seeing it: bytes that travel in the counter's own cache line
+  // (Window::lineBytes, Note [Bytes beside the step counter] in window.h).
+  uint8_t beside[56];
   std::atomic<uint32_t> futexWord{0};  // bumped on every publish
   std::atomic<uint32_t> sleepers{0};
   char pad1[56];

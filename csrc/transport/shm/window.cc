@@ -306,6 +306,11 @@ uint8_t* ShmWindow::control(int r, uint64_t step) {
   return segments_[r].base() + controlOffset_ + (step % kSlots) * controlBytes_;
 }
 
+uint8_t* ShmWindow::lineBytes(int r) {
+  static_assert(sizeof(Counter::beside) >= kLineBytes, "the step counter's line is too short");
+  return header(r)->step.beside;
+}
+
 uint64_t ShmWindow::published(int r) const {
   return header(r)->step.value.load(std::memory_order_acquire);
 }

@@ -56,6 +56,7 @@ class ShmWindow : public Window {
   size_t controlBytes() const override { return controlBytes_; }
   uint8_t* data(int rank, uint64_t step) override;
   uint8_t* control(int rank, uint64_t step) override;
+  uint8_t* lineBytes(int rank) override;
   uint64_t published(int rank) const override;
   void publish(uint64_t step) override;
   void wait(int peer, uint64_t step, const WaitContext& ctx) override;
