@@ -8,6 +8,7 @@
 #include "backend/python_parts.h"
 #include "backend/sim_cuda.h"
 #include "cuda/nccl_sim.h"
+#include "cuda/same_gpu.h"
 
 namespace py = pybind11;
 
@@ -35,13 +36,20 @@ BRAID_PY_PART(sim_cuda, m) {
       py::arg("device"), py::arg("us"));
   m.def(
       "_sim_nccl_install",
-      [] {
+      [](bool crossProcess) {
+        if (crossProcess) {
+          braid::useSimulatedNccl(&braid::cuda::sameGpuCollectivesAsNccl(braid::cudaApi()));
+          return;
+        }
         // Process lifetime: groups may use it until exit.
         static auto* nccl = new braid::cuda::SimulatedNccl(braid::cudaApi());
         braid::useSimulatedNccl(nccl);
       },
+      py::arg("cross_process") = false,
       "Test-only: groups on the simulated device use braid's simulated NCCL (ranks must be "
-      "threads of this process: its communicators meet in-process).");
+      "threads of this process: its communicators meet in-process), or with cross_process "
+      "braid's same-GPU collectives standing in for it (ranks may be processes; used between "
+      "the GPUs' leaders of the hierarchical collectives).");
   m.def(
       "_sim_delay_comm_stream",
       [](const braid::ProcessGroupBraid& pg, int64_t us) {

@@ -58,11 +58,15 @@ struct Reduction {
 
 class SameGpu final : public NcclApi {
  public:
-  explicit SameGpu(DeviceApi& dev) : dev_(dev) {}
+  // `version` != 0: standing in for NCCL (sameGpuCollectivesAsNccl).
+  explicit SameGpu(DeviceApi& dev, int version = 0) : dev_(dev), version_(version) {}
 
-  std::string name() const override { return strCat("braid same-GPU collectives on ", dev_.name()); }
+  std::string name() const override {
+    return strCat("braid same-GPU collectives on ", dev_.name(),
+                  version_ ? " (standing in for NCCL)" : "");
+  }
   bool simulated() const override { return dev_.simulated(); }
-  int version() override { return 0; }
+  int version() override { return version_; }
   const char* getErrorString(NcclResult r) override { return ncclResultName(r); }
   std::string lastError(NcclComm comm) override {
     return comm ? static_cast<Comm*>(comm)->lastError() : std::string();
@@ -479,6 +483,7 @@ class SameGpu final : public NcclApi {
   }
 
   DeviceApi& dev_;
+  const int version_;
   std::mutex mu_;
   std::map<std::string, std::shared_ptr<sim::SharedRegion>> made_;
   std::map<NcclRedOp, double> premul_;
@@ -493,6 +498,18 @@ NcclApi& sameGpuCollectives(DeviceApi& dev) {
   std::lock_guard<std::mutex> lock(mu);
   SameGpu*& api = (*all)[&dev];
   if (!api) api = new SameGpu(dev);
+  return *api;
+}
+
+NcclApi& sameGpuCollectivesAsNccl(DeviceApi& dev) {
+  if (!dev.simulated()) {
+    throw Error("braid: the same-GPU collectives stand in for NCCL on the simulated device only");
+  }
+  static std::mutex mu;
+  static auto* all = new std::map<DeviceApi*, SameGpu*>();  // process lifetime
+  std::lock_guard<std::mutex> lock(mu);
+  SameGpu*& api = (*all)[&dev];
+  if (!api) api = new SameGpu(dev, kSameGpuAsNcclVersion);
   return *api;
 }
 

@@ -84,5 +84,14 @@ namespace cuda {
 // The same-GPU collectives on `dev` (one per DeviceApi, for the process).
 NcclApi& sameGpuCollectives(DeviceApi& dev);
 
+// Test-only, on the simulated device: the same collectives as an "NCCL" that
+// reports version kSameGpuAsNcclVersion, for the GPUs' leaders of the
+// hierarchical collectives when the ranks are separate processes (the
+// simulated NCCL meets its communicators in one process only). The
+// simulated device's memory and events are shared memory, so one
+// communicator may span its devices. Throws on a real device.
+constexpr int kSameGpuAsNcclVersion = 1;  // "0.0.1": not a real NCCL
+NcclApi& sameGpuCollectivesAsNccl(DeviceApi& dev);
+
 }  // namespace cuda
 }  // namespace braid

@@ -9,7 +9,9 @@ tests/cpp/test_cuda_hier.cc's are. all_reduce (SUM, MAX, AVG) and broadcast are 
 against closed forms at counts 0, 1, odd and several same-GPU halves, the executor's
 op counter shows they ran hierarchically; so do reduce, allgather and reduce_scatter,
 in a contiguous and an interleaved layout; and gather, which the hierarchical executor
-lacks (as AVG of integers), is staged and still right.
+lacks (as AVG of integers), is staged and still right. Across processes (below): every
+op with braid's same-GPU collectives standing in for NCCL between the leaders, and a rank
+that exits mid-op.
 """
 
 import datetime
@@ -181,3 +183,121 @@ def test_reduce_allgather_reduce_scatter_run_hierarchically(layout):
         assert pg._cuda_executor_ops() - before == ops, "they ran hierarchically"
 
     _run_ranks(body, device_of=(lambda r: r // 2) if layout == "blocks" else (lambda r: r % 2))
+
+
+# ---- Across processes --------------------------------------------------------
+# The simulated NCCL meets its communicators in one process, so here braid's
+# same-GPU collectives stand in for NCCL between the GPUs' leaders
+# (_sim_nccl_install(cross_process=True); the simulated device's memory and
+# events are shared memory, so one communicator may span its devices). Each
+# rank is a process: the same-GPU level inside each GPU opens the peers'
+# memory and events across processes, as on a real GPU, and a rank that
+# exits is seen by the others.
+
+
+def _xp_group(ctx):
+    import torch_braid._sim_cuda
+    from torch_braid import _C
+
+    torch_braid._sim_cuda.install(2)
+    _C._sim_nccl_install(cross_process=True)
+    os.environ["BRAID_CUDA_SAME_GPU_BYTES"] = str(2 * HALF)
+    group = ctx.dist.new_group(list(range(ctx.size)))
+    cuda = ctx.torch.device("cuda", ctx.rank // 2)
+    ctx.dist.all_reduce(ctx.torch.zeros(1, device=cuda), group=group)
+    backend = group._get_backend(cuda) if ctx.torch2 else group
+    return group, backend, cuda
+
+
+def _xp_collectives(ctx, dtype_name):
+    torch, dist = ctx.torch, ctx.dist
+    group, backend, cuda = _xp_group(ctx)
+    ch = H.Checker(ctx)
+    executor = backend._cuda_executor()
+    ch.true("the group runs hierarchically", executor.startswith("hier: 4 ranks on 2 GPUs"),
+            executor)
+    n, r = ctx.size, ctx.rank
+    gather = getattr(dist, "all_gather_into_tensor", None) or dist._all_gather_base
+    scatter = getattr(dist, "reduce_scatter_tensor", None) or dist._reduce_scatter_base
+    before = backend._cuda_executor_ops()
+    ops = 0
+    for dtype in (getattr(torch, dtype_name),):
+        for count in (0, 1, 7, 2 * HALF + 3):
+            what = f"{dtype} count={count}"
+            inputs = [_value(torch, q, count, dtype) for q in range(n)]
+            total = sum(x.double() for x in inputs).to(dtype)
+            t = inputs[r].to(cuda)
+            dist.all_reduce(t, group=group)
+            ch.equal(f"all_reduce {what}", t.cpu(), total)
+            for root in (1, 2):
+                t = inputs[r].to(cuda)
+                dist.broadcast(t, src=root, group=group)
+                ch.equal(f"broadcast root={root} {what}", t.cpu(), inputs[root])
+                t = inputs[r].to(cuda)
+                dist.reduce(t, dst=root, group=group)
+                ch.equal(f"reduce root={root} {what}", t.cpu(),
+                         total if r == root else inputs[r])
+            out = torch.full((n * count,), -1, dtype=dtype, device=cuda)
+            gather(out, inputs[r].to(cuda), group=group)
+            ch.equal(f"all_gather_into_tensor {what}", out.cpu(), torch.cat(inputs))
+            full = [_value(torch, q, n * count, dtype) for q in range(n)]
+            got = torch.empty(count, dtype=dtype, device=cuda)
+            scatter(got, full[r].to(cuda), group=group)
+            ch.equal(f"reduce_scatter_tensor {what}", got.cpu(),
+                     sum(x.double() for x in full).to(dtype)[r * count:(r + 1) * count])
+            ops += 7
+    ch.true("every op ran hierarchically", backend._cuda_executor_ops() - before == ops,
+            f"{backend._cuda_executor_ops() - before} executor ops for {ops} collectives")
+    dist.destroy_process_group(group)
+    return ch.report()
+
+
+@pytest.mark.parametrize("dtype", H.dtypes(fast=("float32",), slow=("bfloat16",)))
+def test_across_processes_every_op_runs_hierarchically(dtype):
+    world = H.World(N, pg_timeout=30.0, name="hier-xp")
+    try:
+        H.check_reports(world.run(_xp_collectives, dtype, timeout=120))
+    finally:
+        world.close(timeout=30)
+    assert not world.leaks, world.leaks
+
+
+def _xp_die_or_allreduce(ctx):
+    import time
+
+    torch, dist = ctx.torch, ctx.dist
+    group, _, cuda = _xp_group(ctx)
+    t = torch.ones(3 * HALF, device=cuda)
+    dist.all_reduce(t, group=group)  # every level's communicator is made and used
+    if ctx.rank == 3:
+        os._exit(1)
+    start = time.monotonic()
+    try:
+        dist.all_reduce(t, group=group)
+        t.cpu()
+        return "no error", time.monotonic() - start
+    except RuntimeError as e:
+        return str(e), time.monotonic() - start
+
+
+def test_across_processes_a_rank_that_exits_mid_op_fails_every_other_rank():
+    """Rank 3 (GPU 1, not its leader) exits: its GPU's leader, rank 2, names it (its pid)
+    within GPU 1; rank 2's abort reaches GPU 0's leader between the leaders, and rank 0's
+    reaches rank 1: every survivor fails well within the group's 30 s timeout, and nothing
+    is left in /dev/shm."""
+    world = H.World(N, pg_timeout=30.0, name="hier-xp-dead")
+    pid3 = world.pids[3]
+    try:
+        outcomes = world.run_outcomes(_xp_die_or_allreduce, expect_exit=True, timeout=60)
+    finally:
+        world.close(timeout=30, graceful=True)
+    assert outcomes[3].exitcode == 1, outcomes[3].describe()
+    for r in range(3):
+        assert outcomes[r].ok, outcomes[r].describe()
+        message, took = outcomes[r].value
+        assert message != "no error", f"rank {r}: the allreduce returned without rank 3"
+        assert took < 10.0, f"rank {r} failed after {took:.1f} s (group timeout 30 s)"
+    message = outcomes[2].value[0]
+    assert f"(pid {pid3})" in message and "exited" in message, message
+    assert "GPU 1 (ranks 2, 3 as its local ranks 0, 1)" in message, message
+    assert not world.leaks, world.leaks
