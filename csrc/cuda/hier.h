@@ -94,6 +94,11 @@
 // - The leader's host wait (above) comes before every same-GPU step that
 //   reads its NCCL result: allgather, reduce_scatter, and reduce on the
 //   root's GPU. Rounding as allreduce: once per level.
+// - Tested with threads as ranks and the simulated NCCL
+//   (tests/cpp/test_cuda_hier.cc), and with processes as ranks, where the
+//   same-GPU collectives stand in for NCCL between the leaders
+//   (sameGpuCollectivesAsNccl in same_gpu.h; test_cuda_sim_hier.py): the
+//   simulated NCCL meets its communicators in one process only.
 #pragma once
 
 #include <chrono>
