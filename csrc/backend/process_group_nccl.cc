@@ -16,7 +16,8 @@
 // bitwise reductions) take the staged path (Note [The staged CUDA executor]),
 // which orders itself on the same caller stream, so the two mix freely.
 // reduce, allgather and reduce_scatter come here only where the executor's
-// NcclApi has them (the hierarchical one does not: they are staged).
+// NcclApi has them (NCCL, the same-GPU and the hierarchical ones all do;
+// Note [Hierarchical reduce, allgather and reduce_scatter] in cuda/hier.h).
 // gather, scatter and alltoall (equal splits) come here too where the
 // executor's NcclApi has them (braid's same-GPU collectives, Note
 // [Collectives NCCL lacks] in cuda/nccl_api.h): the executor answers, the
@@ -46,9 +47,8 @@ bool ProcessGroupBraid::onNccl(const at::Tensor& t, const char* op) {
   if (!t.is_cuda()) return false;
   cuda::NcclExecutor* n = cuda_->get(t.device(), op)->nccl();
   if (n == nullptr) return false;
-  // NCCL's own collectives, which an executor may lack too (the
-  // hierarchical one runs allreduce and broadcast only, Note [Hierarchical
-  // CUDA collectives] in cuda/hier.h): those take the staged path.
+  // NCCL's own collectives, which an executor's NcclApi may lack (its
+  // supports() says so, the same on every rank): those take the staged path.
   const std::string name = op;
   if (name == "reduce") return n->supports(cuda::NcclOpKind::kReduce);
   if (name == "allgather") return n->supports(cuda::NcclOpKind::kAllgather);
