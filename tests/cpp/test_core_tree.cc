@@ -11,6 +11,7 @@
 #include <functional>
 #include <cstring>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "collectives/shm/collectives.h"
@@ -284,6 +285,34 @@ TEST(Tree, ARankThatFailedItsChecksFailsEveryone) {
         collectives::allreduce(c, desc(OpKind::kAllreduce, count), v.data(), out.data());
       },
       "rank");
+}
+
+// A rank that never comes: every rank times out naming it, not only the
+// parent or root it waits for.
+TEST(Tree, ATimeoutNamesTheRankMissing) {
+  const int n = 9, absent = 7;
+  GroupOptions o = testing::slots(4096);
+  Group g(n, o);
+  std::vector<std::string> errors(n);
+  runRanks(n, [&](int r) {
+    if (r == absent) {
+      std::this_thread::sleep_for(std::chrono::milliseconds(800));
+      return;
+    }
+    float v = 1, out = 0;
+    try {
+      collectives::allreduce(*g.comms[r],
+                             desc(OpKind::kAllreduce, 1, DataType::kFloat32, 0, ReduceOp::kSum,
+                                  std::chrono::milliseconds(300)),
+                             &v, &out);
+    } catch (const TimeoutError& e) {
+      errors[r] = e.what();
+    }
+  });
+  for (int r = 0; r < n; ++r) {
+    if (r == absent) continue;
+    EXPECT_NE(errors[r].find("[7]"), std::string::npos) << "rank " << r << ": " << errors[r];
+  }
 }
 
 // Issue 30 item 5: many more ranks than cores complete at once, each rank

@@ -24,6 +24,30 @@ uint64_t statusIn(Communicator& c, int rank) {
 
 void setStatus(Communicator& c, uint64_t v) { std::memcpy(c.line(c.rank()), &v, sizeof(v)); }
 
+// A tree rank waits for its children and the root only, so a timeout would
+// name one of them (often rank 0) where the rank really missing is further
+// down. So it names, as the flat path's waitAll does, the ranks the op waits
+// for: those not past its gather step `s` whose children all are (a parent
+// still in the gather waits for a child, and is not the cause).
+void waitFor(Communicator& c, int peer, uint64_t step, uint64_t s) {
+  try {
+    c.wait(peer, step);
+  } catch (const TimeoutError& e) {
+    const int n = c.size();
+    auto behind = [&](int q) { return q < n && c.window().published(q) < s; };
+    std::string missing;
+    for (int q = 0; q < n; ++q) {
+      if (q == c.rank() || !behind(q)) continue;
+      bool childBehind = false;
+      for (int k = 1; k <= kTreeRadix; ++k) childBehind = childBehind || behind(kTreeRadix * q + k);
+      if (!childBehind) missing += strCat(missing.empty() ? "" : ", ", q);
+    }
+    if (missing.empty()) throw;
+    throw TimeoutError(strCat(e.what(), "; the tree op waits for rank(s) [", missing,
+                              "], which have not reached its first step"));
+  }
+}
+
 }  // namespace
 
 // Note [Tree allreduce] (tree.h) describes the steps, Note [Tree slots] why
@@ -57,7 +81,7 @@ void allreduceTree(Communicator& c, const OpDesc& op, const void* in, void* out)
   for (int child = first; child < last; ++child) {
     // Every child, even after an error: the release must find every rank
     // past its gather step (Note [Tree slots]).
-    c.wait(child, s);
+    waitFor(c, child, s, s);
     if (status != 0) continue;
     try {
       // The header first: a flat rank's line holds no status of this op.
@@ -85,7 +109,7 @@ void allreduceTree(Communicator& c, const OpDesc& op, const void* in, void* out)
     if (status == static_cast<uint64_t>(me) + 1) c.setTreeError(s, why);
     setStatus(c, status);
     c.publish(s);
-    c.wait(0, s + 1);
+    waitFor(c, 0, s + 1, s);
     status = statusIn(c, 0);
     if (status == 0) {
       copyBytes(out, resultInline ? c.line(0) + sizeof(uint64_t) : c.slot(0, s + 1), resultBytes);
