@@ -26,20 +26,21 @@ void gatherImpl(Communicator& c, const OpDesc& op, const void* in, void* const* 
     size_t len = std::min(c.chunkBytes(), total - done);
     uint64_t s = c.nextStep();
     copyBytes(c.slot(me, s), static_cast<const uint8_t*>(in) + done, len);
+    auto copyOut = [&](int r) {
+      if (r == me && outs[r] == in) return;  // already in place (Note [The host's sum in place])
+      copyBytes(static_cast<uint8_t*>(outs[r]) + done, c.slot(r, s), len);
+    };
     if (first) {
       c.writeHeader(op, s, Algo::kShm);
       c.exchange(op, s);
+      if (collect) {
+        for (int r = 0; r < n; ++r) copyOut(r);
+      }
     } else {
       c.publish(s);
-      if (collect) c.waitAll(s);
+      if (collect) c.inArrivalOrder(s, copyOut);  // Note [Arrival order]
     }
     first = false;
-    if (collect) {
-      for (int r = 0; r < n; ++r) {
-        if (r == me && outs[r] == in) continue;  // already in place (Note [The host's sum in place])
-        copyBytes(static_cast<uint8_t*>(outs[r]) + done, c.slot(r, s), len);
-      }
-    }
     done += len;
   }
 }

@@ -77,11 +77,10 @@ void allreduceRsAg(Communicator& c, const OpDesc& op, const void* in, void* out)
       reduceShare(op, mine, srcs.data(), n, e - b);
     }
     c.publish(sb);
-    c.waitAll(sb);
-    for (int r = 0; r < n; ++r) {
+    c.inArrivalOrder(sb, [&](int r) {  // Note [Arrival order]
       partition(ck, n, r, align, &b, &e);
       if (e > b) std::memcpy(outChunk + b * es, c.slot(r, sb) + b * es, (e - b) * es);
-    }
+    });
     done += ck;
   }
 }

@@ -57,11 +57,10 @@ void allreduceNarrowed(Communicator& c, const OpDesc& op, const void* in, void* 
       reduce::reduceN(op.wire, ReduceOp::kSum, wireAt(c, me, sb, b), srcs.data(), n, e - b);
     }
     c.publish(sb);
-    c.waitAll(sb);
-    for (int r = 0; r < n; ++r) {
+    c.inArrivalOrder(sb, [&](int r) {  // Note [Arrival order]
       partition(ck, n, r, align, &b, &e);
       if (e > b) reduce::widen(wireAt(c, r, sb, b), y + done + b, e - b, op.wire, false);
-    }
+    });
     done += ck;
   }
 }

@@ -138,6 +138,10 @@ class Communicator {
   void publish(uint64_t step) { window_->publish(step); }
   void waitAll(uint64_t step) { window_->waitAll(step, ctx_); }
   void wait(int peer, uint64_t step) { window_->wait(peer, step, ctx_); }
+  // Calls visit(r) once for every rank r (this one included) that has
+  // published `step`, in the order they get there (Note [Arrival order]).
+  template <class F>
+  void inArrivalOrder(uint64_t step, F&& visit);
   // ---- the tree (Note [Tree allreduce] in tree.h) ---------------------------
   // Takes the two steps of a tree op (gather, release); returns the first.
   // Waits for every peer only where the flat rule needs it (Note [Tree slots]).
@@ -202,6 +206,7 @@ class Communicator {
   transport::WaitContext ctx_;
   std::string broken_;
   bool everyRankOffered_ = false;
+  std::vector<int> arrivals_;  // inArrivalOrder's ranks still to come
   std::vector<uint8_t> scratch_;
   const CollectiveConfig cfg_;
   const size_t chunkBytes_;
@@ -220,6 +225,37 @@ inline void copyBytes(void* dst, const void* src, size_t n) {
 // Splits `count` elements into `parts` nearly equal ranges whose starts are
 // multiples of `align` elements; returns [begin, end) of part `i`.
 void partition(size_t count, int parts, int i, size_t align, size_t* begin, size_t* end);
+
+// Note [Arrival order]
+// A step whose every rank copies pieces out of every rank's slot (the
+// pipelined allreduce's second step, allgather's and alltoall's later
+// chunks) need not wait for the last rank before it starts: it copies each
+// piece as soon as its rank has published, so one late rank delays only the
+// copy of its own piece, and the copies of the others overlap its lateness.
+// Ranks already there are served in the staggered order of waitAll (from
+// this rank up); when none is, it blocks on the first still missing with
+// the window's own wait (the spin policy, timeouts and dead peers as
+// everywhere). Reductions do not do this: they combine every rank's piece
+// in rank order, so that every rank gets the same bits, and wait for all.
+template <class F>
+void Communicator::inArrivalOrder(uint64_t step, F&& visit) {
+  arrivals_.clear();
+  for (int i = 1; i <= size_; ++i) arrivals_.push_back((rank_ + i) % size_);
+  while (!arrivals_.empty()) {
+    size_t kept = 0;
+    for (int r : arrivals_) {
+      if (window_->published(r) >= step) {
+        visit(r);
+      } else {
+        arrivals_[kept++] = r;
+      }
+    }
+    arrivals_.resize(kept);
+    if (kept > 0 && window_->published(arrivals_.front()) < step) {
+      window_->wait(arrivals_.front(), step, ctx_);
+    }
+  }
+}
 
 }  // namespace collectives
 }  // namespace braid

@@ -84,13 +84,16 @@ void alltoall(Communicator& c, const OpDesc& op0, const void* const* ins, void* 
       uint64_t maxBytes = c.maxAnnouncedBytes(s);
       if (c.plan(op.kind, maxBytes) == Algo::kDirect) return alltoallDirect(c, op, s, ins, outs);
       steps = std::max<uint64_t>(1, (maxBytes + piece - 1) / piece);
-    } else {
-      c.publish(s);
-      c.waitAll(s);
     }
-    for (int i = 0; i < n; ++i) {
+    auto copyOut = [&](int i) {
       size_t len = op.recvBytes[i] > off ? std::min<size_t>(piece, op.recvBytes[i] - off) : 0;
       if (len) std::memcpy(static_cast<uint8_t*>(outs[i]) + off, c.slot(i, s) + me * piece, len);
+    };
+    if (k == 0) {
+      for (int i = 0; i < n; ++i) copyOut(i);
+    } else {
+      c.publish(s);
+      c.inArrivalOrder(s, copyOut);  // Note [Arrival order]
     }
   }
 }
