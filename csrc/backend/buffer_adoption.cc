@@ -13,13 +13,14 @@
 
 namespace braid {
 
-BRAID_SETTING_BOOL(kAdoptBuffers, "BRAID_ADOPT_BUFFERS", true,
-                   "Move a CPU buffer that a single-host group allreduces again and again (a DDP "
-                   "gradient bucket: allocator-owned, viewed by other tensors, reduced at least "
-                   "twice before) into memory every rank maps, so that its allreduce works in "
-                   "place (Note [Adopting a repeated buffer]). A raw pointer into the buffer "
-                   "taken before (numpy, DLPack) would then point at freed memory: 0 turns it "
-                   "off. Ranks that disagree move nothing.");
+BRAID_SETTING_BOOL(kAdoptBuffers, "BRAID_ADOPT_BUFFERS", false,
+                   "1: move a CPU buffer that a single-host group allreduces again and again (a "
+                   "DDP gradient bucket: allocator-owned, viewed by other tensors, reduced at "
+                   "least twice before) into memory every rank maps, so that its allreduce works "
+                   "in place (Note [Adopting a repeated buffer]). Off by default: a raw pointer "
+                   "into the buffer taken before (numpy, DLPack) would then point at freed "
+                   "memory, and the 2-core measurements show no gain beyond their noise. Ranks "
+                   "that disagree move nothing.");
 BRAID_SETTING_INT(kAdoptMinBytes, "BRAID_ADOPT_MIN_BYTES", int64_t{1} << 20,
                   "The smallest buffer BRAID_ADOPT_BUFFERS moves, in bytes (smaller ones gain "
                   "little: their allreduce is latency-bound).");

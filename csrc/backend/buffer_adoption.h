@@ -39,10 +39,18 @@
 //   allreduce, and DDP does not touch a bucket until its future completes.
 //   A raw pointer taken into the old memory before (data_ptr(), a numpy view
 //   of the tensor, DLPack) would dangle afterwards: that is why only
-//   allocator-owned storages that are viewed and repeatedly reduced move, and
-//   why BRAID_ADOPT_BUFFERS=0 turns it off. The region is released when the
+//   allocator-owned storages that are viewed and repeatedly reduced move,
+//   and why it is off unless BRAID_ADOPT_BUFFERS=1. The region is released when the
 //   storage frees it (its deleter), after the group too if the storage
 //   outlives it; peers keep their mappings as Note [Registered buffers] says.
+// - Off by default. Measured on the 2-core VM (issue 31's MLP, PyTorch DDP
+//   with bucket views, 4 alternating runs each), the step over the
+//   no-communication step was 1.21-1.51x with it on, 1.30-1.46x off in the
+//   same build: no gain beyond the noise. There the step is bound by DDP's
+//   own passes over the bucket (its division, the copies in and out) more
+//   than by the allreduce's staging; a host with spare memory bandwidth may
+//   differ. Until it is measured to pay, the dangling-pointer risk above is
+//   not worth taking by default.
 // - Not moved: buffers on groups across hosts (no registered memory), CUDA
 //   tensors, and those of allreduce_coalesced and of the fp16/bf16 hooks'
 //   narrowed allreduce (paths of their own).

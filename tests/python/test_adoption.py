@@ -1,5 +1,6 @@
 """Buffers moved into registered memory (Note [Adopting a repeated buffer] in
-csrc/backend/buffer_adoption.h).
+csrc/backend/buffer_adoption.h), which BRAID_ADOPT_BUFFERS=1 turns on: each test makes a group
+with it set.
 
 A CPU buffer that a braid group allreduces for the third time, that the CPU allocator owns,
 that other tensors view and that is at least BRAID_ADOPT_MIN_BYTES, moves into memory every
@@ -21,7 +22,19 @@ pytestmark = pytest.mark.skipif(H.BACKEND != "braid", reason="braid's own regist
 MIB_F32 = 1 << 18  # float32 elements in 1 MiB, BRAID_ADOPT_MIN_BYTES's default
 
 
-def _steps(ctx, ch, flat, views, op, steps, what):
+def _adopting_group(ctx, on=True):
+    """A new braid group over every rank, made with BRAID_ADOPT_BUFFERS=1 (read when a group is
+    made) where `on`, and its backend."""
+    if on:
+        os.environ["BRAID_ADOPT_BUFFERS"] = "1"
+    try:
+        group = ctx.dist.new_group(list(range(ctx.size)), backend="braid")
+    finally:
+        os.environ.pop("BRAID_ADOPT_BUFFERS", None)
+    return group, ctx.backend_object(group)
+
+
+def _steps(ctx, ch, flat, views, op, steps, what, group):
     """Allreduces `flat` `steps` times, each with fresh values written through `views`."""
     torch, dist = ctx.torch, ctx.dist
     count = flat.numel()
@@ -32,7 +45,7 @@ def _steps(ctx, ch, flat, views, op, steps, what):
         for v in views:  # the values arrive through the views, as DDP's gradients do
             v.copy_(inputs[ctx.rank][at:at + v.numel()].view_as(v))
             at += v.numel()
-        dist.all_reduce(flat, op=H.reduce_op(op))
+        dist.all_reduce(flat, op=H.reduce_op(op), group=group)
         ch.reduced(f"{what} {op} step {step}", flat, expected, op)
         at = 0
         for i, v in enumerate(views):
@@ -50,19 +63,20 @@ def _bucket(torch, count, dtype):
 def _moves(ctx, count, dtype_name, ops):
     torch = ctx.torch
     ch = H.Checker(ctx)
-    pg = ctx.backend_object()
+    group, pg = _adopting_group(ctx)
     dtype = getattr(torch, dtype_name)
     for op in ops:
         before = pg._adopted_buffers()
         flat, views = _bucket(torch, count, dtype)
-        _steps(ctx, ch, flat, views, op, 2, f"{dtype_name} count={count}")
+        _steps(ctx, ch, flat, views, op, 2, f"{dtype_name} count={count}", group)
         ch.true(f"{op}: not moved after two allreduces", not pg._is_registered(flat))
-        _steps(ctx, ch, flat, views, op, 3, f"{dtype_name} count={count} moved")
+        _steps(ctx, ch, flat, views, op, 3, f"{dtype_name} count={count} moved", group)
         ch.true(f"{op}: moved at the third allreduce", pg._is_registered(flat))
         ch.true(f"{op}: its views moved with it", pg._is_registered(views[1]))
         ch.true(f"{op}: counted once", pg._adopted_buffers() == before + 1,
                 f"{pg._adopted_buffers()} != {before} + 1")
         del flat, views  # releases the region on every rank alike
+    ctx.dist.destroy_process_group(group)
     return ch.report()
 
 
@@ -85,8 +99,7 @@ def _stays(ctx):
 
     torch = ctx.torch
     ch = H.Checker(ctx)
-    pg = ctx.backend_object()
-    before = pg._adopted_buffers()  # the pooled group may have moved others' before
+    group, pg = _adopting_group(ctx)
     n = MIB_F32 + 1
     lone = torch.empty(n)
     small, small_views = _bucket(torch, 1000, torch.float32)
@@ -102,11 +115,18 @@ def _stays(ctx):
              ("numpy", from_numpy, numpy_views), ("slice", part, [part]),
              ("viewed on rank 0 only", lopsided, lopsided_views)]
     for what, t, views in cases:
-        _steps(ctx, ch, t, views, "SUM", 5, what)
+        _steps(ctx, ch, t, views, "SUM", 5, what, group)
         ch.true(f"{what}: not moved", not pg._is_registered(t))
     ch.true("numpy's array sees the last result", np.array_equal(arr, from_numpy.numpy()))
-    ch.true("nothing counted", pg._adopted_buffers() == before,
-            f"{pg._adopted_buffers()} != {before}")
+    ch.true("nothing counted", pg._adopted_buffers() == 0, str(pg._adopted_buffers()))
+    # and by default (BRAID_ADOPT_BUFFERS unset) a bucket-like buffer stays too
+    plain, pg_plain = _adopting_group(ctx, on=False)
+    flat, views = _bucket(torch, n, torch.float32)
+    _steps(ctx, ch, flat, views, "SUM", 5, "default", plain)
+    ch.true("off by default", not pg_plain._is_registered(flat) and
+            pg_plain._adopted_buffers() == 0)
+    ctx.dist.destroy_process_group(plain)
+    ctx.dist.destroy_process_group(group)
     return ch.report()
 
 
@@ -116,16 +136,11 @@ def test_other_buffers_stay(world):
 
 
 def _one_rank_opts_out(ctx):
-    """BRAID_ADOPT_BUFFERS=0 on the last rank, read when a group is made: nothing moves."""
+    """BRAID_ADOPT_BUFFERS=1 on every rank but the last (which keeps the default, off): nothing
+    moves."""
     torch = ctx.torch
     ch = H.Checker(ctx)
-    if ctx.rank == ctx.size - 1:
-        os.environ["BRAID_ADOPT_BUFFERS"] = "0"
-    try:
-        group = ctx.dist.new_group(list(range(ctx.size)), backend="braid")
-    finally:
-        os.environ.pop("BRAID_ADOPT_BUFFERS", None)
-    pg = ctx.backend_object(group)
+    group, pg = _adopting_group(ctx, on=ctx.rank != ctx.size - 1)
     flat, views = _bucket(torch, MIB_F32, torch.float32)
     for step in range(5):
         for v in views:
@@ -134,6 +149,7 @@ def _one_rank_opts_out(ctx):
         want = ctx.size * (ctx.size - 1) / 2 + ctx.size * step
         ch.equal(f"step {step}", flat, torch.full_like(flat, want))
     ch.true("moved on no rank", not pg._is_registered(flat) and pg._adopted_buffers() == 0)
+    ctx.dist.destroy_process_group(group)
     return ch.report()
 
 
@@ -150,13 +166,13 @@ def _torch_ddp(ctx, view):
     from torch.nn.parallel import DistributedDataParallel
 
     ch = H.Checker(ctx)
-    pg = ctx.backend_object()
-    before = pg._adopted_buffers()
+    group, pg = _adopting_group(ctx)
     n = ctx.size
     torch.manual_seed(7)
     local = torch.nn.Sequential(torch.nn.Linear(600, 700), torch.nn.Tanh(),
                                 torch.nn.Linear(700, 3))  # 1.6 MiB of fp32 gradients
-    ddp = DistributedDataParallel(local, gradient_as_bucket_view=view, bucket_cap_mb=1)
+    ddp = DistributedDataParallel(local, process_group=group, gradient_as_bucket_view=view,
+                                  bucket_cap_mb=1)
     opt = torch.optim.SGD(ddp.parameters(), lr=0.01)
     for step in range(5):
         torch.manual_seed(1000 * step + ctx.rank)
@@ -176,10 +192,12 @@ def _torch_ddp(ctx, view):
                     rtol=1e-5, atol=1e-7), f"max abs diff {(p.grad - want).abs().max().item():.3g}")
         opt.step()
         opt.zero_grad(set_to_none=not view)
-    ch.true("a bucket moved", pg._adopted_buffers() > before, f"{pg._adopted_buffers()}")
+    ch.true("a bucket moved", pg._adopted_buffers() > 0, f"{pg._adopted_buffers()}")
     if view:
         big = local[0].weight
         ch.true("the gradients are views of a moved bucket", pg._is_registered(big.grad))
+    del ddp, opt
+    ctx.dist.destroy_process_group(group)
     return ch.report()
 
 
