@@ -24,6 +24,7 @@
 
 #include "collectives/shm/plan.h"
 #include "collectives/shm/registered.h"
+#include "common/error.h"
 #include "common/types.h"
 #include "transport/window.h"
 
@@ -252,7 +253,13 @@ void Communicator::inArrivalOrder(uint64_t step, F&& visit) {
     }
     arrivals_.resize(kept);
     if (kept > 0 && window_->published(arrivals_.front()) < step) {
-      window_->wait(arrivals_.front(), step, ctx_);
+      try {
+        window_->wait(arrivals_.front(), step, ctx_);
+      } catch (const TimeoutError&) {
+        // Past the deadline: throws naming every rank still missing, or
+        // returns if the last of them has just arrived.
+        window_->waitAll(step, ctx_);
+      }
     }
   }
 }
