@@ -63,12 +63,15 @@ bool movable(const at::Tensor& t, size_t minBytes) {
 
 }  // namespace
 
+std::shared_ptr<BufferAdoption> BufferAdoption::makeIfEnabled() {
+  return kAdoptBuffers.get() ? std::make_shared<BufferAdoption>() : nullptr;
+}
+
 BufferAdoption::BufferAdoption()
-    : enabled_(kAdoptBuffers.get()),
-      minBytes_(static_cast<size_t>(std::max<int64_t>(1, kAdoptMinBytes.get()))) {}
+    : minBytes_(static_cast<size_t>(std::max<int64_t>(1, kAdoptMinBytes.get()))) {}
 
 bool BufferAdoption::offer(const at::Tensor& t, ReduceOp redop) {
-  if (!enabled_ || redop == ReduceOp::kPremulSum || !movable(t, minBytes_)) return false;
+  if (redop == ReduceOp::kPremulSum || !movable(t, minBytes_)) return false;
   const void* key = t.storage().unsafeGetStorageImpl();
   const void* data = t.data_ptr();
   const size_t bytes = t.storage().nbytes();

@@ -60,6 +60,7 @@
 
 #include <atomic>
 #include <cstdint>
+#include <memory>
 #include <mutex>
 #include <unordered_map>
 
@@ -71,7 +72,10 @@ class Engine;
 
 class BufferAdoption {
  public:
-  // Reads BRAID_ADOPT_BUFFERS and BRAID_ADOPT_MIN_BYTES (when the group is made).
+  // When the group is made: a BufferAdoption where BRAID_ADOPT_BUFFERS=1,
+  // else null, so that the default allreduce path pays one null check.
+  static std::shared_ptr<BufferAdoption> makeIfEnabled();
+  // Reads BRAID_ADOPT_MIN_BYTES.
   BufferAdoption();
   // Caller's thread, at an allreduce of `t` with reduce op `redop` (before
   // PREMUL_SUM is turned into SUM) on a group with registered memory:
@@ -89,7 +93,6 @@ class BufferAdoption {
     size_t bytes;
     int times;
   };
-  const bool enabled_;
   const size_t minBytes_;
   std::mutex mu_;
   // By StorageImpl; a storage freed and another made at its address is told

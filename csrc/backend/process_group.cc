@@ -55,7 +55,7 @@ ProcessGroupBraid::ProcessGroupBraid(const c10::intrusive_ptr<c10d::Store>& stor
   auto group = collectives::makeGroup(adapted, rank, size, opts);  // Note [Choosing a group's transport]
   const std::string how = group->describe();
   narrowsOnWire_ = group->narrowsOnWire();
-  if (group->regionTable() && size > 1) adoption_ = std::make_shared<BufferAdoption>();
+  if (group->regionTable() && size > 1) adoption_ = BufferAdoption::makeIfEnabled();
   engine_ = std::make_unique<Engine>(std::move(group), timeout);
   CudaGroupInfo cudaInfo;
   cudaInfo.rank = rank;

@@ -36,6 +36,11 @@ constexpr uint32_t kHeaderMagic = 0x62686472;  // "bhdr"
 constexpr size_t kMetaOffset = 512;  // alltoall sizes follow the header
 constexpr size_t kAutoChunkBytes = 256 << 10;
 
+// Where the meta table of `size` ranks ends: three uint64 per rank (alltoall
+// sizes, per-peer buffer addresses) from kMetaOffset. The tree's error text
+// follows it.
+size_t metaEnd(int size) { return kMetaOffset + 3 * sizeof(uint64_t) * static_cast<size_t>(size); }
+
 size_t chooseChunkBytes(uint64_t set, size_t slotBytes, int size) {
   size_t chunk = static_cast<size_t>(set);
   if (chunk == 0) {
@@ -153,12 +158,11 @@ Communicator::Communicator(std::unique_ptr<transport::Window> window,
 // The op header, then three uint64 per rank (alltoall sizes, per-peer buffer
 // addresses) at kMetaOffset, then the tree's error text (Note [Tree allreduce]).
 size_t Communicator::controlBytesFor(int size) {
-  return kMetaOffset + 3 * sizeof(uint64_t) * static_cast<size_t>(size) + kTreeErrorBytes;
+  return metaEnd(size) + kTreeErrorBytes;
 }
 
 char* Communicator::treeErrorText(int rank, uint64_t step) {
-  return reinterpret_cast<char*>(window_->control(rank, step) + kMetaOffset +
-                                 3 * sizeof(uint64_t) * static_cast<size_t>(size_));
+  return reinterpret_cast<char*>(window_->control(rank, step) + metaEnd(size_));
 }
 
 Algo Communicator::algoIn(int rank, uint64_t step) {
@@ -259,12 +263,14 @@ void Communicator::exchange(const OpDesc& op, uint64_t step) {
     }
   }
   if (!op.localError.empty()) throw Error(op.localError);
+  // Every rank reads every header, so all of them reach the same answer on
+  // the offer (Note [Adopting a repeated buffer]).
+  bool all = op.offersBuffer;
   for (int peer = 0; peer < size_; ++peer) {
-    if (peer != rank_) checkPeer(op, peer, step);
+    if (peer == rank_) continue;
+    checkPeer(op, peer, step);
+    all = all && headerAt(*window_, peer, step)->offersBuffer != 0;
   }
-  // Every rank reads every header, so all of them reach the same answer.
-  bool all = true;
-  for (int r = 0; r < size_ && all; ++r) all = headerAt(*window_, r, step)->offersBuffer != 0;
   everyRankOffered_ = all;
   if (op.kind != OpKind::kAlltoall) return;
   // Every rank checks the whole size matrix, so that all of them agree on
