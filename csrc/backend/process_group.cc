@@ -45,6 +45,7 @@ ProcessGroupBraid::ProcessGroupBraid(const c10::intrusive_ptr<c10d::Store>& stor
     : compat::BackendBase(rank, size), timeoutMs_(timeout.count()) {
   // A reused store (file://) may hold keys of an earlier group: number the
   // incarnations and keep each one's keys apart.
+  pinModeFromSetting(rank);  // a bad BRAID_PIN_RANKS fails before the group is made
   int64_t ticket = store->add("braid/incarnation", 1);
   const std::string prefix = "braid/" + std::to_string((ticket - 1) / size) + "/";
   StoreAdapter adapted(store, prefix);
@@ -55,7 +56,10 @@ ProcessGroupBraid::ProcessGroupBraid(const c10::intrusive_ptr<c10d::Store>& stor
   auto group = collectives::makeGroup(adapted, rank, size, opts);  // Note [Choosing a group's transport]
   const std::string how = group->describe();
   narrowsOnWire_ = group->narrowsOnWire();
-  if (group->regionTable() && size > 1) adoption_ = BufferAdoption::makeIfEnabled();
+  if (group->regionTable() && size > 1) {  // one host: the group's ranks are the host's
+    adoption_ = BufferAdoption::makeIfEnabled();
+    pin_ = pinRankIfFull(rank, size, rank);  // Note [Pinning ranks on a full host]
+  }
   engine_ = std::make_unique<Engine>(std::move(group), timeout);
   CudaGroupInfo cudaInfo;
   cudaInfo.rank = rank;

@@ -13,6 +13,7 @@
 #include "backend/compat.h"
 #include "backend/flight_recording.h"
 #include "collectives/shm/communicator.h"
+#include "common/rank_pinning.h"
 
 namespace braid {
 
@@ -227,6 +228,7 @@ class ProcessGroupBraid : public compat::BackendBase {
   // Note [Adopting a repeated buffer]; null where the group has no registered
   // memory. Shared with the jobs that move buffers.
   std::shared_ptr<BufferAdoption> adoption_;
+  std::shared_ptr<RankPin> pin_;  // Note [Pinning ranks on a full host]; may be null
   std::unique_ptr<CudaBinding> cuda_;  // Note [One device per group]
   std::unique_ptr<GroupRecorder> fr_;  // Note [Flight recorder]
   std::atomic<bool> frNamed_{false};   // torch's name for the group was read

@@ -14,6 +14,7 @@
 
 #include "common/error.h"
 #include "common/logging.h"
+#include "common/rank_pinning.h"
 #include "common/settings.h"
 
 namespace braid {
@@ -137,8 +138,11 @@ double cgroupQuotaCores(const CgroupFiles& files, std::string* where) {
 UsableCores usableCores(const CgroupFiles& files, int affinity) {
   UsableCores u;
   if (affinity < 0) {
+    // A process braid bound to one CPU still counts the cores it had
+    // (Note [Pinning ranks on a full host] in rank_pinning.h).
+    affinity = affinityBeforePinning();
     cpu_set_t set;
-    affinity = sched_getaffinity(0, sizeof(set), &set) == 0 ? CPU_COUNT(&set) : 1;
+    if (affinity <= 0) affinity = sched_getaffinity(0, sizeof(set), &set) == 0 ? CPU_COUNT(&set) : 1;
   }
   u.affinity = std::max(affinity, 1);
   u.quotaCores = cgroupQuotaCores(files, &u.quotaFile);

@@ -46,6 +46,10 @@ def print_cores(out):
         print(f"  spin policy     {policy}", file=out)
     print("                  (BRAID_SHM_SPIN_US / BRAID_WORKER_SPIN_US set explicitly win)",
           file=out)
+    # Note [Pinning ranks on a full host] (csrc/common/rank_pinning.h)
+    for ranks in sorted({max(n - 1, 1), n}):
+        print(f"  pinning         {ranks} rank(s) here: {torch_braid._C.cores_info(ranks)['pinning']}",
+              file=out)
 
 
 def cuda_line(info):

@@ -16,6 +16,7 @@
 #include <thread>
 
 #include "common/cpu_cores.h"
+#include "common/rank_pinning.h"
 #include "transport/shm/futex.h"
 
 namespace braid {
@@ -267,6 +268,43 @@ TEST(SpinBoost, ALongSpinThatRanOutSaysSo) {
   EXPECT_EQ(waitAtLeast(c, 1, microseconds(2000), microseconds(20), microseconds(1000), &spunOut),
             WaitResult::kTimedOut);
   EXPECT_FALSE(spunOut);
+}
+
+// Note [Pinning ranks on a full host]: which ranks are bound, and where.
+TEST(RankPinning, AutoBindsOnlyUnplacedRanksThatOutnumberTheCores) {
+  const std::vector<int> all = {0, 1, 2, 3};
+  // 6 ranks on 4 cores, nobody placed them: rank r on the (r mod 4)-th CPU.
+  for (int r = 0; r < 6; ++r) {
+    const PinDecision d = choosePin(PinMode::kAuto, r, 6, all, 4, 4);
+    EXPECT_TRUE(d.pin) << d.why;
+    EXPECT_EQ(d.cpu, r % 4) << d.why;
+  }
+  // As many ranks as cores, or fewer: every rank has a core.
+  for (int ranks : {1, 3, 4}) {
+    const PinDecision d = choosePin(PinMode::kAuto, 0, ranks, all, 4, 4);
+    EXPECT_FALSE(d.pin) << ranks << " ranks: " << d.why;
+    EXPECT_NE(d.why.find("every rank has a core"), std::string::npos) << d.why;
+  }
+  // A cgroup quota of 2 cores on 4 CPUs: 3 ranks outnumber it.
+  EXPECT_TRUE(choosePin(PinMode::kAuto, 2, 3, all, 4, 2).pin);
+  // Placed by somebody (its mask allows 2 of the host's 4 CPUs): left alone.
+  const PinDecision placed = choosePin(PinMode::kAuto, 1, 8, {2, 3}, 4, 2);
+  EXPECT_FALSE(placed.pin);
+  EXPECT_NE(placed.why.find("already placed (its mask allows 2 of 4 CPUs)"), std::string::npos)
+      << placed.why;
+}
+
+TEST(RankPinning, OnBindsWithinTheMaskAndOffNever) {
+  // BRAID_PIN_RANKS=1: within the given mask, even with cores to spare.
+  for (int r = 0; r < 5; ++r) {
+    const PinDecision d = choosePin(PinMode::kOn, r, 5, {4, 6, 9}, 16, 16);
+    EXPECT_TRUE(d.pin) << d.why;
+    EXPECT_EQ(d.cpu, (std::vector<int>{4, 6, 9})[r % 3]);
+  }
+  const PinDecision off = choosePin(PinMode::kOff, 0, 64, {0, 1}, 2, 2);
+  EXPECT_FALSE(off.pin);
+  EXPECT_EQ(off.why, "BRAID_PIN_RANKS=0");
+  EXPECT_FALSE(choosePin(PinMode::kOn, 0, 2, {}, 2, 2).pin);  // no mask read: nothing to choose
 }
 
 }  // namespace
