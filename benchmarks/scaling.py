@@ -390,7 +390,9 @@ def format_tables(args, worlds, cells, cores):
     notes += errs
     pinned = any(w["pinned_cpus"] for w in worlds.values())
     title = (f"\n# scaling: {args.dtype}, ranks pinned to CPUs: "
-             f"{'yes (rank r on CPU r % ' + str(cores) + ')' if pinned else 'no'}; "
+             f"{'yes (rank r on CPU r % ' + str(cores) + ')' if pinned else 'no'} (braid binds "
+             f"its own where they outnumber the CPUs: BRAID_PIN_RANKS="
+             f"{os.environ.get('BRAID_PIN_RANKS', 'auto')}); "
              f"{cores} CPU(s); repeats {args.repeats}")
     table = bc.render_table(title, head, rows, notes)
     whead = [("", ["ranks", "cores", "oversubscribed", "roofline GB/s/rank", "min", "max",
