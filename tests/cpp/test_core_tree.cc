@@ -230,21 +230,14 @@ TEST(Tree, RanksThatDisagreeOnTheSettingFailTogether) {
   // Communicator::followTree releases the others with its finding).
   for (int flat : {9, 1, 0}) {
     SCOPED_TRACE(strCat("flat rank ", flat));
+    const auto flatAt = [flat](int r) {
+      CollectiveConfig c;
+      c.treeRanks = r == flat ? 64 : 8;
+      return c;
+    };
+    expectAllFailThenRecover(10, flatAt, smallAllreduce, "BRAID_ALLREDUCE_TREE_RANKS");
     expectAllFailThenRecover(
-        10,
-        [flat](int r) {
-          CollectiveConfig c;
-          c.treeRanks = r == flat ? 64 : 8;
-          return c;
-        },
-        smallAllreduce, "BRAID_ALLREDUCE_TREE_RANKS");
-    expectAllFailThenRecover(
-        10,
-        [flat](int r) {
-          CollectiveConfig c;
-          c.treeRanks = r == flat ? 64 : 8;
-          return c;
-        },
+        10, flatAt,
         [](Communicator& c, int) { collectives::barrier(c, desc(OpKind::kBarrier, 0)); },
         "BRAID_ALLREDUCE_TREE_RANKS");
   }

@@ -80,9 +80,13 @@ void checkAllOps(int n) {
   });
 }
 
-TEST_F(SameGpu, EveryOpAndDtype2Ranks) { checkAllOps(2); }
-TEST_F(SameGpu, EveryOpAndDtype3Ranks) { checkAllOps(3); }
-TEST_F(SameGpu, EveryOpAndDtype4Ranks) { checkAllOps(4); }
+// The world sizes of a test that runs at several (its instantiation).
+class SameGpuRanks : public SameGpu, public ::testing::WithParamInterface<int> {};
+std::string ranksName(const ::testing::TestParamInfo<int>& p) { return strCat(p.param, "Ranks"); }
+
+class SameGpuEveryOp : public SameGpuRanks {};
+TEST_P(SameGpuEveryOp, EveryOpAndDtype) { checkAllOps(GetParam()); }
+INSTANTIATE_TEST_SUITE_P(Ranks, SameGpuEveryOp, ::testing::Values(2, 3, 4), ranksName);
 
 // MAX, MIN, PROD, AVG and PREMUL_SUM at 3 ranks; fp16 sums accumulate in
 // fp32 and round once: 2048 + 1 + 1 is 2050 so, where rounding after each
@@ -226,10 +230,9 @@ void checkGatherScatterAllToAll(int n) {
   });
 }
 
-TEST_F(SameGpu, GatherScatterAllToAll2Ranks) { checkGatherScatterAllToAll(2); }
-TEST_F(SameGpu, GatherScatterAllToAll3Ranks) { checkGatherScatterAllToAll(3); }
-TEST_F(SameGpu, GatherScatterAllToAll4Ranks) { checkGatherScatterAllToAll(4); }
-TEST_F(SameGpu, GatherScatterAllToAll5Ranks) { checkGatherScatterAllToAll(5); }
+class SameGpuRooted : public SameGpuRanks {};
+TEST_P(SameGpuRooted, GatherScatterAllToAll) { checkGatherScatterAllToAll(GetParam()); }
+INSTANTIATE_TEST_SUITE_P(Ranks, SameGpuRooted, ::testing::Values(2, 3, 4, 5), ranksName);
 
 // A slow stream on one rank: the peers' reads of its half (alltoall, a
 // gather at it, a scatter from it) must wait for its copies in (the
@@ -471,10 +474,9 @@ void checkSmall(int n) {
   });
 }
 
-TEST_F(SameGpuSmall, EveryDtypeAndOp1Rank) { checkSmall(1); }
-TEST_F(SameGpuSmall, EveryDtypeAndOp2Ranks) { checkSmall(2); }
-TEST_F(SameGpuSmall, EveryDtypeAndOp3Ranks) { checkSmall(3); }
-TEST_F(SameGpuSmall, EveryDtypeAndOp4Ranks) { checkSmall(4); }
+class SameGpuSmallRanks : public SameGpuSmall, public ::testing::WithParamInterface<int> {};
+TEST_P(SameGpuSmallRanks, EveryDtypeAndOp) { checkSmall(GetParam()); }
+INSTANTIATE_TEST_SUITE_P(Ranks, SameGpuSmallRanks, ::testing::Values(1, 2, 3, 4), ranksName);
 
 // Through the NcclApi, where the communicator's barrier count shows: one
 // barrier for an allreduce or reduce at or below the threshold, two above

@@ -167,11 +167,16 @@ def orphaned_segments(before):
     return orphans
 
 
-def timed_allreduce(ctx):
-    """(error message or "no error", seconds) of one allreduce of 4 ones, on a worker."""
+def timed_allreduce(ctx, t=None, group=None):
+    """(error message or "no error", seconds) of one allreduce of `t` (default: 4 ones) on
+    `group` (default: the default group), on a worker; a CUDA tensor is read back, so that an
+    error of the op's stream counts too."""
     t0 = time.monotonic()
     try:
-        ctx.dist.all_reduce(ctx.torch.ones(4))
+        t = ctx.torch.ones(4) if t is None else t
+        ctx.dist.all_reduce(t, group=group)
+        if t.device.type != "cpu":
+            t.cpu()
         return ("no error", time.monotonic() - t0)
     except RuntimeError as e:
         return (str(e), time.monotonic() - t0)
