@@ -34,6 +34,9 @@
 //   A rank that a launcher, taskset, numactl or a cpuset already placed is
 //   left alone (BRAID_PIN_RANKS=1 binds within such a mask too, and where
 //   every rank has a core).
+// - Processes the rank starts while bound (DataLoader workers, a compile
+//   pool) inherit its CPU, as they would a launcher's binding: on a host
+//   whose ranks outnumber its cores there is no idle core for them anyway.
 // - Groups across hosts are not bound here: their ranks' places on the host
 //   are not known to the backend.
 // - Spin policies keep counting the cores the process had before
