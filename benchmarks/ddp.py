@@ -14,7 +14,8 @@ Rows (per model, bucket cap and world size):
   reducer/braid[+<hook>]   torch_braid.ddp.DistributedDataParallel, its defaults (bucket views
                            on; skipped if absent)
   local/none               the same model and step without DDP, every rank at once (the ceiling)
-  ~view, ~copy             with --bucket-view: ddp/braid~view (gradient_as_bucket_view=True) and
+  ~view, ~copy             with --bucket-view: ddp/braid~view (gradient_as_bucket_view=True), the
+                           same for each hook row (ddp/braid+<hook>~view), and
                            reducer/braid~copy (False)
 Models: mlp (6 x Linear(2048, 2048), batch 1: 25M parameters, communication-bound), cnn (a
 small conv net, batch 16 of 3x32x32), transformer (one TransformerEncoderLayer, d_model 256,
@@ -268,6 +269,8 @@ def rows_for(backends, args, reducer_cls):
                           "CUDA and NCCL", file=sys.stderr)
                 continue
             rows.append(Row("ddp", b, h))
+            if args.bucket_view:  # a hook replaces DDP's division pass over the bucket
+                rows.append(Row("ddp", b, h, view=True))
     braid = next((b for b in backends if b.name == "braid"), None)
     if braid is not None and args.bucket_view:
         rows.append(Row("ddp", braid, view=True))

@@ -143,6 +143,10 @@ class ProcessGroupBraid : public compat::BackendBase {
   // whether allreduceNarrowed takes `t`: a contiguous float32 CPU tensor, in
   // a group whose ranks share one host (the same answer on every rank).
   bool canNarrow(const at::Tensor& t) const;
+  // Note [Averaging inside the allreduce] (reducer/reducer.cc): whether an
+  // AVG allreduce of `t` gives the bits of dividing t by the world size, then
+  // summing (a power-of-two world, a float32 or float64 CPU tensor).
+  bool averagesExactly(const at::Tensor& t) const;
   // In place, t = float(sum over ranks of round16(t / divisor)): the sum in
   // float32 in rank order, rounded once to `wire` (kHalf or kBFloat16), as
   // the fp16/bf16 compression hooks compute it, with only 16-bit values

@@ -17,6 +17,12 @@ bool ProcessGroupBraid::canNarrow(const at::Tensor& t) const {
          t.scalar_type() == at::kFloat && t.is_contiguous();
 }
 
+bool ProcessGroupBraid::averagesExactly(const at::Tensor& t) const {
+  const int world = getSize();
+  return (world & (world - 1)) == 0 && t.defined() && t.device().is_cpu() &&
+         (t.scalar_type() == at::kFloat || t.scalar_type() == at::kDouble);
+}
+
 c10::intrusive_ptr<c10d::Work> ProcessGroupBraid::allreduceNarrowed(at::Tensor& t,
                                                                     at::ScalarType wire,
                                                                     double divisor) {

@@ -56,8 +56,7 @@ class CastCompressHook : public CommHook {
       : CommHook(std::move(pg)),
         wireType_(wireType),
         name_(name),
-        gatherFallback_(needsGatherFallback(pg_, wireType)),
-        braid_(dynamic_cast<ProcessGroupBraid*>(compat::backendFor(pg_, c10::DeviceType::CPU))) {}
+        gatherFallback_(needsGatherFallback(pg_, wireType)) {}
   const char* name() const override { return name_; }
 
   c10::intrusive_ptr<c10::ivalue::Future> run(BucketView& bucket) override {
@@ -161,7 +160,6 @@ class CastCompressHook : public CommHook {
   const at::ScalarType wireType_;
   const char* name_;
   const bool gatherFallback_;
-  ProcessGroupBraid* const braid_;  // null unless pg_'s CPU backend is braid's
 };
 
 }  // namespace

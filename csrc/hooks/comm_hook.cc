@@ -3,6 +3,8 @@
 #include <utility>
 
 #include "common/error.h"
+#include "backend/compat.h"
+#include "backend/process_group.h"
 #include "hooks/comm_hooks.h"
 
 namespace braid {
@@ -27,8 +29,18 @@ void BucketView::setLayout(const std::vector<at::Tensor>& gradients, const char*
   }
 }
 
+namespace {
+ProcessGroupBraid* braidBackend(const c10::intrusive_ptr<c10d::ProcessGroup>& pg) {
+  return pg ? dynamic_cast<ProcessGroupBraid*>(compat::backendFor(pg, c10::DeviceType::CPU))
+            : nullptr;
+}
+}  // namespace
+
 CommHook::CommHook(c10::intrusive_ptr<c10d::ProcessGroup> pg)
-    : pg_(std::move(pg)), rank_(pg_ ? pg_->getRank() : -1), size_(pg_ ? pg_->getSize() : 0) {
+    : pg_(std::move(pg)),
+      rank_(pg_ ? pg_->getRank() : -1),
+      size_(pg_ ? pg_->getSize() : 0),
+      braid_(braidBackend(pg_)) {
   BRAID_ENFORCE(pg_, "comm_hook", -1, "the process group is null");
 }
 
@@ -96,16 +108,27 @@ void CommHook::countAllreduce(int64_t bytes) {
 }
 
 c10::intrusive_ptr<c10::ivalue::Future> CommHook::allreduceSum(at::Tensor& tensor) {
+  return allreduceWith(tensor, c10d::ReduceOp::SUM);
+}
+
+c10::intrusive_ptr<c10::ivalue::Future> CommHook::allreduceWith(at::Tensor& tensor,
+                                                                c10d::ReduceOp op) {
   countAllreduce(static_cast<int64_t>(tensor.numel()) * tensor.element_size());
   std::vector<at::Tensor> tensors{tensor};
   c10d::AllreduceOptions opts;
-  opts.reduceOp = c10d::ReduceOp::SUM;
+  opts.reduceOp = op;
   return pg_->allreduce(tensors, opts)->getFuture();
 }
 
 c10::intrusive_ptr<c10::ivalue::Future> CommHook::allreduceMean(at::Tensor buffer) {
-  buffer.div_(size_);
-  return allreduceSum(buffer)->then(
+  c10::intrusive_ptr<c10::ivalue::Future> fut;
+  if (braid_ && braid_->averagesExactly(buffer)) {
+    fut = allreduceWith(buffer, c10d::ReduceOp::AVG);
+  } else {
+    buffer.div_(size_);
+    fut = allreduceSum(buffer);
+  }
+  return fut->then(
       [buffer](c10::ivalue::Future& f) {
         if (f.hasError()) std::rethrow_exception(f.exception_ptr());
         return tensorListValue(buffer);

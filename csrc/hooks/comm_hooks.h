@@ -43,6 +43,8 @@
 #include <vector>
 
 namespace braid {
+class ProcessGroupBraid;
+
 namespace hooks {
 
 // Note [Collective order in hooks]
@@ -110,7 +112,12 @@ class CommHook : public c10d::CommHookInterface {
  protected:
   // Sum-allreduce of one tensor; the future's value is a one-element list.
   c10::intrusive_ptr<c10::ivalue::Future> allreduceSum(at::Tensor& tensor);
-  // buffer / world size, then sum; the future's value is [buffer].
+  c10::intrusive_ptr<c10::ivalue::Future> allreduceWith(at::Tensor& tensor,
+                                                        c10d::ReduceOp op);
+  // buffer / world size, then sum; the future's value is [buffer]. On a
+  // braid group where that is exact, one AVG allreduce that divides each
+  // share while it is in cache (Note [Averaging inside the allreduce] in
+  // reducer/reducer.cc), instead of a pass of its own over the buffer.
   c10::intrusive_ptr<c10::ivalue::Future> allreduceMean(at::Tensor buffer);
   // Counts an allreduce of `bytes` per rank (payloadBytes, wireBytes).
   void countAllreduce(int64_t bytes);
@@ -131,6 +138,7 @@ class CommHook : public c10d::CommHookInterface {
   c10::intrusive_ptr<c10d::ProcessGroup> pg_;
   const int rank_;
   const int size_;
+  ProcessGroupBraid* const braid_;  // null unless pg_'s CPU backend is braid's
 
  private:
   std::atomic<int64_t> payloadBytes_{0};

@@ -58,7 +58,9 @@
 // that overflows the narrow type would be inf where the sum of the halved
 // gradients is finite. Other world sizes, other groups (gloo has no AVG),
 // and CUDA buckets (the divide runs on the device, off the host's memory)
-// keep the divide pass too, so their bits are as before.
+// keep the divide pass too, so their bits are as before. The allreduce hook
+// (hooks/allreduce_hooks.cc, for PyTorch's DDP too) averages the same way,
+// under the same test (ProcessGroupBraid::averagesExactly).
 
 namespace braid {
 namespace {
@@ -156,10 +158,7 @@ void Reducer::buildBuckets(const std::vector<size_t>& order) {
     }
     const at::Tensor& first = params_[bucket.members.front()].tensor;
     bucket.buffer = allocateBucket(static_cast<int64_t>(total), first.options());
-    const int world = pg_->getSize();
-    bucket.averageInAllreduce =
-        braid_ && (world & (world - 1)) == 0 && first.device().is_cpu() &&
-        (first.scalar_type() == at::kFloat || first.scalar_type() == at::kDouble);
+    bucket.averageInAllreduce = braid_ && braid_->averagesExactly(first);
     for (size_t s = 0; s < bucket.members.size(); ++s) {
       Param& p = params_[bucket.members[s]];
       p.bucket = b;
