@@ -2,7 +2,6 @@
 // policy a group of a given size would get here (Notes [Counting cores] and
 // [How long to spin] in common/cpu_cores.h), for `python -m torch_braid.info`.
 #include <pybind11/stl.h>
-#include <unistd.h>
 
 #include "backend/python_parts.h"
 #include "common/cpu_cores.h"
@@ -21,20 +20,14 @@ BRAID_PY_PART(cores, m) {
         d["quota_file"] = u.quotaFile;
         d["cores"] = u.cores;
         d["describe"] = u.describe();
-        // Note [Pinning ranks on a full host]: where braid bound this
-        // process, the CPUs it had before (the mask now holds one).
-        d["cpus"] = braid::currentAffinity();
+        // Note [Pinning ranks on a full host]
         d["bound_by_braid"] = braid::affinityBeforePinning() > 0;
         if (ranksHere > 0) {
           // As a group would choose it, without logging.
           d["policy"] = braid::chooseSpinPolicy(u.cores, ranksHere, braid::kBraidThreadsPerRank,
                                                 -1, -1)
                             .describe();
-          const long online = sysconf(_SC_NPROCESSORS_ONLN);
-          d["pinning"] = braid::choosePin(braid::pinModeFromSetting(-1), 0, ranksHere,
-                                          braid::currentAffinity(), static_cast<int>(online),
-                                          u.cores)
-                             .why;
+          d["pinning"] = braid::choosePinHere(braid::pinModeFromSetting(-1), 0, ranksHere).why;
         }
         return d;
       },

@@ -45,7 +45,7 @@ ProcessGroupBraid::ProcessGroupBraid(const c10::intrusive_ptr<c10d::Store>& stor
     : compat::BackendBase(rank, size), timeoutMs_(timeout.count()) {
   // A reused store (file://) may hold keys of an earlier group: number the
   // incarnations and keep each one's keys apart.
-  pinModeFromSetting(rank);  // a bad BRAID_PIN_RANKS fails before the group is made
+  const PinMode pinMode = pinModeFromSetting(rank);  // a bad value fails before the group
   int64_t ticket = store->add("braid/incarnation", 1);
   const std::string prefix = "braid/" + std::to_string((ticket - 1) / size) + "/";
   StoreAdapter adapted(store, prefix);
@@ -58,7 +58,7 @@ ProcessGroupBraid::ProcessGroupBraid(const c10::intrusive_ptr<c10d::Store>& stor
   narrowsOnWire_ = group->narrowsOnWire();
   if (group->regionTable() && size > 1) {  // one host: the group's ranks are the host's
     adoption_ = BufferAdoption::makeIfEnabled();
-    pin_ = pinRankIfFull(rank, size, rank);  // Note [Pinning ranks on a full host]
+    pin_ = pinRankIfFull(pinMode, rank, size, rank);  // Note [Pinning ranks on a full host]
   }
   engine_ = std::make_unique<Engine>(std::move(group), timeout);
   CudaGroupInfo cudaInfo;

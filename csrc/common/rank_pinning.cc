@@ -3,10 +3,8 @@
 
 #include <dirent.h>
 #include <sched.h>
-#include <sys/syscall.h>
 #include <unistd.h>
 
-#include <algorithm>
 #include <atomic>
 #include <cstdlib>
 #include <mutex>
@@ -20,10 +18,11 @@ namespace braid {
 
 BRAID_SETTING_STRING(kPinRanks, "BRAID_PIN_RANKS", "auto",
                      "auto: where a single-host group's ranks outnumber the usable cores and "
-                     "nobody placed the process (its mask allows every online CPU), bind each rank's process to one CPU, rank r to the (r mod k)-th CPU of its "
-                     "mask (Note [Pinning ranks on a full host]); 1: bind every single-host "
-                     "group's ranks so, within whatever mask they have; 0: never. Undone when "
-                     "the groups are destroyed. Ranks need not agree.");
+                     "nobody placed the process (its mask allows every online CPU), bind each "
+                     "rank's process to one CPU, rank r to the (r mod k)-th CPU of its mask (Note "
+                     "[Pinning ranks on a full host]); 1: bind every single-host group's ranks "
+                     "so, within whatever mask they have; 0: never. Undone when the groups are "
+                     "destroyed. Ranks need not agree.");
 
 namespace {
 
@@ -116,6 +115,12 @@ PinDecision choosePin(PinMode mode, int localRank, int ranksHere, const std::vec
   return d;
 }
 
+PinDecision choosePinHere(PinMode mode, int localRank, int ranksHere) {
+  const long online = sysconf(_SC_NPROCESSORS_ONLN);
+  return choosePin(mode, localRank, ranksHere, currentAffinity(), static_cast<int>(online),
+                   usableCores().cores);
+}
+
 RankPin::RankPin(int cpu, std::vector<int> before) : cpu_(cpu), before_(std::move(before)) {
   countBefore.store(static_cast<int>(before_.size()), std::memory_order_relaxed);
   rebindThreads({}, {cpu_});
@@ -126,19 +131,14 @@ RankPin::~RankPin() {
   countBefore.store(0, std::memory_order_relaxed);
 }
 
-std::shared_ptr<RankPin> pinRankIfFull(int localRank, int ranksHere, int rank) {
-  const PinMode mode = pinModeFromSetting(rank);
+std::shared_ptr<RankPin> pinRankIfFull(PinMode mode, int localRank, int ranksHere, int rank) {
   std::lock_guard<std::mutex> lock(mu);
   if (auto pin = current.lock()) return pin;  // the first group's binding holds
   if (mode == PinMode::kOff) return nullptr;
-  const std::vector<int> mask = currentAffinity();
-  const long online = sysconf(_SC_NPROCESSORS_ONLN);
-  const UsableCores u = usableCores();
-  const PinDecision d = choosePin(mode, localRank, ranksHere, mask, static_cast<int>(online),
-                                  u.cores);
+  const PinDecision d = choosePinHere(mode, localRank, ranksHere);
   BRAID_LOG(kInfo, "pin", rank) << (d.pin ? "bound: " : "not bound: ") << d.why;
   if (!d.pin) return nullptr;
-  auto pin = std::make_shared<RankPin>(d.cpu, mask);
+  auto pin = std::make_shared<RankPin>(d.cpu, currentAffinity());
   current = pin;
   return pin;
 }

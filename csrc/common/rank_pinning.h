@@ -67,6 +67,10 @@ struct PinDecision {
 PinDecision choosePin(PinMode mode, int localRank, int ranksHere,
                       const std::vector<int>& maskCpus, int onlineCpus, int usableCores);
 
+// choosePin for this process as it is now: its mask, the host's online CPUs
+// and the usable cores.
+PinDecision choosePinHere(PinMode mode, int localRank, int ranksHere);
+
 // While alive, this process is bound as decided. Shared by every group that
 // asked while it was; the last one to go restores the old mask.
 class RankPin {
@@ -75,17 +79,16 @@ class RankPin {
   ~RankPin();
   RankPin(const RankPin&) = delete;
   RankPin& operator=(const RankPin&) = delete;
-  int cpu() const { return cpu_; }
 
  private:
   const int cpu_;
   const std::vector<int> before_;
 };
 
-// Binds the process as Note [Pinning ranks on a full host] says, or joins the
-// binding already in place; null where it is not bound. `rank` names the
-// rank in errors and logs.
-std::shared_ptr<RankPin> pinRankIfFull(int localRank, int ranksHere, int rank);
+// Binds the process as Note [Pinning ranks on a full host] says under `mode`
+// (pinModeFromSetting), or joins the binding already in place; null where it
+// is not bound. `rank` names the rank in the log.
+std::shared_ptr<RankPin> pinRankIfFull(PinMode mode, int localRank, int ranksHere, int rank);
 
 // The CPU count of the process's mask before braid bound it; 0 when braid has
 // not bound it.

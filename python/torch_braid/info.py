@@ -41,15 +41,14 @@ def print_cores(out):
     print(f"  cores           {cores['describe']}", file=out)
     n = cores["cores"]
     # The two cases that differ: one rank per core, and one rank more than the cores.
-    for ranks in sorted({n, n + 1}):
-        policy = torch_braid._C.cores_info(ranks)["policy"]
-        print(f"  spin policy     {policy}", file=out)
+    per_ranks = {ranks: torch_braid._C.cores_info(ranks) for ranks in sorted({n, n + 1})}
+    for info in per_ranks.values():
+        print(f"  spin policy     {info['policy']}", file=out)
     print("                  (BRAID_SHM_SPIN_US / BRAID_WORKER_SPIN_US set explicitly win)",
           file=out)
-    # Note [Pinning ranks on a full host] (csrc/common/rank_pinning.h)
-    for ranks in sorted({max(n - 1, 1), n}):
-        print(f"  pinning         {ranks} rank(s) here: {torch_braid._C.cores_info(ranks)['pinning']}",
-              file=out)
+    # Note [Pinning ranks on a full host] (csrc/common/rank_pinning.h): bound from n + 1 on.
+    for ranks, info in per_ranks.items():
+        print(f"  pinning         {ranks} rank(s) here: {info['pinning']}", file=out)
 
 
 def cuda_line(info):
