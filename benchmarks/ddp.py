@@ -10,7 +10,10 @@ torch_braid.hooks communication hook, side by side in the same processes.
 
 Rows (per model, bucket cap and world size):
   ddp/<backend>            torch.nn.parallel.DistributedDataParallel on that group
-  ddp/<backend>+<hook>     the same with a torch_braid.hooks hook (Python hook path)
+  ddp/<backend>+<hook>     the same with a torch_braid.hooks hook (Python hook path:
+                           ddp.register_comm_hook(state, hooks.<hook>))
+  ddp/<backend>+cpp_<hook> the same hook through torch_braid.hooks.register(ddp, state): DDP's
+                           C++ reducer calls the C++ hook, no Python per bucket
   reducer/braid[+<hook>]   torch_braid.ddp.DistributedDataParallel, its defaults (bucket views
                            on; skipped if absent)
   local/none               the same model and step without DDP, every rank at once (the ceiling)
@@ -68,6 +71,8 @@ MODELS = ("mlp", "cnn", "transformer", "resnet50")
 HOOKS = ("allreduce", "fp16", "bf16", "powersgd", "int8")
 # PyTorch's own Python hooks (torch.distributed.algorithms.ddp_comm_hooks), for reference.
 TORCH_HOOKS = ("torch_allreduce", "torch_fp16", "torch_bf16", "torch_powersgd")
+# The same hooks registered on DDP's C++ reducer (torch_braid.hooks.register).
+CPP_HOOKS = tuple("cpp_" + h for h in HOOKS)
 PART_ENV = "BENCH_DDP_PART"  # where a child world writes its results (ranks sweep)
 CUDA_TARGETS = [
     # (label, row, base row, ratio kind, threshold): checked on mlp at the largest world size
@@ -85,6 +90,9 @@ TARGETS = [
     ("braid reducer vs PyTorch DDP, both on braid (steps/s)", "reducer/braid", "ddp/braid",
      "speed", 1.0),
     ("bf16 hook vs no hook on braid (steps/s)", "ddp/braid+bf16", "ddp/braid", "speed", 1.3),
+    # issue 31: the bf16 hook must beat no hook; the same with its C++ registration
+    ("bf16 hook, registered in C++, vs no hook on braid (steps/s)", "ddp/braid+cpp_bf16",
+     "ddp/braid", "speed", 1.0),
     ("bf16 hook vs no hook on braid (bytes, at most)", "ddp/braid+bf16", "ddp/braid",
      "bytes", 0.5),
     ("PowerSGD hook vs no hook on braid (bytes, at most 1/10)", "ddp/braid+powersgd",
@@ -96,6 +104,8 @@ TARGETS = [
      "time", 1.25),
     ("PyTorch DDP on braid with bucket views (--bucket-view), step over the no-communication "
      "step", "ddp/braid~view", "local/none", "time", 1.3),
+    ("the same with braid's allreduce hook registered in C++ (no division pass)",
+     "ddp/braid+cpp_allreduce~view", "local/none", "time", 1.3),
 ]
 
 
@@ -169,6 +179,9 @@ def make_state(hook, group, args):
         return group, fn
     import torch_braid.hooks as H
 
+    if hook.startswith("cpp_"):  # registered through H.register (run_row)
+        state, _ = make_state(hook[4:], group, args)
+        return state, None
     if hook == "powersgd":
         return H.powersgd_state(group, matrix_approximation_rank=args.powersgd_rank,
                                 start_powerSGD_iter=2), H.powersgd
@@ -201,7 +214,12 @@ def run_row(row, model_name, bucket_mb, args, reducer_cls):
     state = counter = None
     if row.hook:
         state, fn = make_state(row.hook, group, args)
-        net.register_comm_hook(state, fn)
+        if fn is None:
+            import torch_braid.hooks as H
+
+            H.register(net, state)
+        else:
+            net.register_comm_hook(state, fn)
         counter = state if hasattr(state, "wire_bytes") else None
     opt = torch.optim.SGD(module.parameters(), lr=1e-4)
     loss_fn = torch.nn.functional.mse_loss
@@ -501,7 +519,8 @@ def parse_args(argv=None):
     args = p.parse_args(argv)
     cuda = args.device == "cuda"
     if args.hooks is None:
-        args.hooks = "" if cuda else ",".join(HOOKS)
+        # The C++ registrations of the two hooks issue 31's targets read.
+        args.hooks = "" if cuda else ",".join(HOOKS + ("cpp_allreduce", "cpp_bf16"))
     if args.reducer_hooks is None:
         args.reducer_hooks = "" if cuda else "bf16"
     if args.quick and cuda:
@@ -519,8 +538,8 @@ def parse_args(argv=None):
     args.hooks = [h for h in args.hooks.split(",") if h]
     args.reducer_hooks = [h for h in args.reducer_hooks.split(",") if h]
     for h in args.hooks + args.reducer_hooks:
-        if h not in HOOKS + TORCH_HOOKS:
-            p.error(f"unknown hook {h!r}; choose from {', '.join(HOOKS + TORCH_HOOKS)}")
+        if h not in HOOKS + CPP_HOOKS + TORCH_HOOKS:
+            p.error(f"unknown hook {h!r}; choose from {', '.join(HOOKS + CPP_HOOKS + TORCH_HOOKS)}")
     if args.warmup < 3 and "powersgd" in args.hooks + args.reducer_hooks:
         p.error("--warmup must be >= 3 so that PowerSGD (start_powerSGD_iter=2) is compressing")
     if args.target_bucket_mb is None:

@@ -23,17 +23,18 @@ HOOK = os.environ.get("BRAID_EXAMPLE_HOOK", "bf16")
 
 def register_hook(model):
     hooks = torch_braid.hooks
-    if HOOK == "bf16":
-        state = hooks.bf16_state()
-        model.register_comm_hook(state, hooks.bf16_compress)
-    elif HOOK == "powersgd":
-        state = hooks.powersgd_state(matrix_approximation_rank=2, start_powerSGD_iter=10)
-        model.register_comm_hook(state, hooks.powersgd)
-    elif HOOK == "int8":
-        state = hooks.int8_state()
-        model.register_comm_hook(state, hooks.int8_compress)
-    else:
+    makers = {
+        "bf16": hooks.bf16_state,
+        "powersgd": lambda: hooks.powersgd_state(matrix_approximation_rank=2,
+                                                 start_powerSGD_iter=10),
+        "int8": hooks.int8_state,
+    }
+    if HOOK not in makers:
         raise SystemExit(f"unknown BRAID_EXAMPLE_HOOK={HOOK!r} (bf16, powersgd, int8)")
+    state = makers[HOOK]()
+    # The hook runs in C++, called by DDP's C++ reducer; the Python way,
+    # model.register_comm_hook(state, hooks.bf16_compress), gives the same values.
+    hooks.register(model, state)
     return state
 
 

@@ -4,6 +4,7 @@
 #include <torch/csrc/jit/python/pybind_utils.h>
 #include <torch/csrc/utils/pybind.h>
 
+#include "backend/compat_reducer.h"
 #include "backend/python_parts.h"
 #include "common/error.h"
 #include "hooks/comm_hooks.h"
@@ -79,6 +80,21 @@ BRAID_PY_PART(hooks, m) {
           "The error-feedback residual kept for a bucket (a copy), or None. Call between "
           "steps.");
 
+  m.def(
+      "_register_on_reducer",
+      [](const std::shared_ptr<c10d::Reducer>& reducer, std::shared_ptr<CommHook> hook) {
+        BRAID_ENFORCE(reducer, "register", -1, "the DDP model has no reducer");
+        BRAID_ENFORCE(hook, "register", -1, "no hook given");
+        try {
+          reducer->register_comm_hook(asUniqueHook(hook));
+        } catch (const c10::Error& e) {
+          // torch's check that a reducer takes one hook; name ours too.
+          BRAID_THROW(::braid::Error, "register", hook->rank(), "DDP refused ", hook->name(), ": ",
+                      e.what_without_backtrace());
+        }
+      },
+      py::arg("reducer"), py::arg("hook"),
+      "Registers a C++ hook on PyTorch DDP's C++ reducer (Note [Reaching DDP's reducer]).");
   m.def(
       "_allreduce_hook", [](PG pg) { return makeAllreduceHook(std::move(pg)); },
       py::arg("process_group"));

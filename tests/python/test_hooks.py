@@ -369,12 +369,19 @@ def _argument_errors(ctx):
     assert torch.allclose(out, torch.full((3,), (ctx.size - 1) / 2))
 
 
-def _ddp_grads(ctx, hook_fn, state, wrapper=None):
+def _ddp_grads(ctx, hook_fn, state, wrapper=None, view=False):
+    """Gradients after two steps; hook_fn "register" registers the state's
+    hook through torch_braid.hooks.register (C++) instead of the Python path."""
+    import torch_braid.hooks as hooks
+
     torch = ctx.torch
     torch.manual_seed(0)
     model = torch.nn.Sequential(torch.nn.Linear(8, 16), torch.nn.Tanh(), torch.nn.Linear(16, 3))
-    ddp = (wrapper or torch.nn.parallel.DistributedDataParallel)(model)
-    if hook_fn is not None:
+    ddp = (wrapper or torch.nn.parallel.DistributedDataParallel)(
+        model, **({"gradient_as_bucket_view": True} if view else {}))
+    if hook_fn == "register":
+        hooks.register(ddp, state)
+    elif hook_fn is not None:
         ddp.register_comm_hook(state, hook_fn)
     g = torch.Generator().manual_seed(ctx.rank)
     for _ in range(2):  # the second step runs on the rebuilt buckets
@@ -398,6 +405,47 @@ def _ddp_hooks_match_builtin(ctx):
     int8 = _ddp_grads(ctx, hooks.int8_compress, hooks.int8_state(use_error_feedback=False))
     for a, b in zip(ref, int8):
         assert torch.allclose(a, b, rtol=0, atol=4 * amax / 127)
+
+
+def _ddp_register_runs_the_same_hook(ctx):
+    """hooks.register hands the C++ hook to DDP's C++ reducer: the same bits as
+    the Python path, with and without bucket views, PowerSGD's layout too."""
+    import torch_braid.hooks as hooks
+
+    torch = ctx.torch
+    for kind in ("allreduce", "bf16", "int8"):
+        make, fn = getattr(hooks, kind + "_state"), hooks._HOOK_FUNCTIONS[kind]
+        for view in (False, True):
+            want = _ddp_grads(ctx, fn, make(), view=view)
+            state = make()
+            got = _ddp_grads(ctx, "register", state, view=view)
+            for a, b in zip(want, got):
+                assert torch.equal(a, b), (kind, view, (a - b).abs().max())
+            assert state.wire_bytes > 0  # the hook ran, not DDP's default allreduce
+    ref = _ddp_grads(ctx, None, None)
+    state = _full_rank_powersgd()
+    for a, b in zip(ref, _ddp_grads(ctx, "register", state)):
+        assert torch.allclose(a, b, rtol=1e-4, atol=1e-6), (a - b).abs().max()
+    assert state.payload_bytes == 2 * FULL_RANK_PSGD_BYTES_PER_STEP, state.payload_bytes
+
+
+def _register_errors(ctx):
+    import torch_braid.hooks as hooks
+
+    torch, rank = ctx.torch, ctx.rank
+    ddp = torch.nn.parallel.DistributedDataParallel(torch.nn.Linear(4, 2))
+    with pytest.raises(TypeError, match="register: the state must come from"):
+        hooks.register(ddp, None)
+    with pytest.raises(TypeError, match="expected a DistributedDataParallel model, got Linear"):
+        hooks.register(torch.nn.Linear(4, 2), hooks.allreduce_state())
+    hooks.register(ddp, hooks.bf16_state())
+    assert ddp._get_ddp_logging_data().get("comm_hook") == "bf16_compress_hook"
+    # A second hook: torch's refusal, with the op, the rank and the hook named.
+    with pytest.raises(RuntimeError, match=r"braid register \(rank %d\): DDP refused "
+                                           r"allreduce_hook: .*only be called once" % rank):
+        hooks.register(ddp, hooks.allreduce_state())
+    ddp(torch.ones(3, 4)).sum().backward()  # the first hook still serves
+    assert torch.equal(ddp.module.bias.grad, torch.full((2,), 3.0))
 
 
 # PowerSGD at full rank, compressing every matrix: the exact mean, through the
@@ -446,6 +494,10 @@ def _braid_reducer_hooks(ctx):
         for a, b in zip(want, got):
             assert torch.allclose(a, b, rtol=1e-6, atol=1e-7), (kind, (a - b).abs().max())
         assert state.wire_bytes > 0  # the C++ hook ran, not the reducer's default path
+        state = make()  # hooks.register takes braid's DDP too
+        for a, b in zip(got, _ddp_grads(ctx, "register", state, BraidDDP)):
+            assert torch.equal(a, b), kind
+        assert state.wire_bytes > 0
     _ddp_powersgd_full_rank(ctx, BraidDDP)
     ref = _ddp_grads(ctx, None, None)
     amax = max(a.abs().max().item() for a in ref)
@@ -586,6 +638,16 @@ def test_argument_errors(world):
 @pytest.mark.parametrize("world", H.sizes(fast=(2,), slow=()), indirect=True)
 def test_pytorch_ddp_with_hooks_matches_builtin(world):
     world.run(_ddp_hooks_match_builtin)
+
+
+@pytest.mark.parametrize("world", H.sizes(fast=(2, 3), slow=()), indirect=True)
+def test_register_runs_the_cpp_hook_with_the_same_bits(world):
+    world.run(_ddp_register_runs_the_same_hook)
+
+
+@pytest.mark.parametrize("world", H.sizes(fast=(2,), slow=()), indirect=True)
+def test_register_errors(world):
+    world.run(_register_errors)
 
 
 @pytest.mark.parametrize("world", H.sizes(fast=(2,), slow=()), indirect=True)
