@@ -10,10 +10,19 @@
 // A hook registered from Python (DistributedDataParallel.register_comm_hook)
 // is a PythonCommHook: DDP calls a Python function per bucket under the GIL,
 // and the hook's future completes through a Python callback, which braid's
-// worker thread runs under the GIL too. Measured on issue 31's MLP (2 ranks,
-// 2 cores), that path costs 5-12 ms per step over the same C++ hook
-// registered on the reducer itself, more than the division pass a hook saves.
-// So torch_braid.hooks.register hands the C++ hook to the reducer directly:
+// worker thread runs under the GIL too. On issue 31's MLP (2 ranks, 2 cores,
+// four runs of benchmarks/ddp.py) that path took 6.4 ms per step more than
+// the same C++ hook registered on the reducer itself on average without
+// bucket views (3 to 12), 2.4 with them (-2 to 6.5), and varied more from run
+// to run: about what a hook saves by averaging inside the allreduce instead
+// of DDP's division pass. It is not the callback: a variant that made the
+// result's Python object on the hook's own thread, so that the worker never
+// took the GIL, kept the gap (6 and 11 ms without bucket views, two runs).
+// perf on both paths: with the Python hook, 11% of the samples fall in the
+// kernel (1.5% with the C++ one), nearly all page faults under the memset of
+// fresh sgemm outputs in backward. So the Python path leaves the allocator
+// returning and refaulting gradient-sized blocks; why, was not found.
+// torch_braid.hooks.register hands the C++ hook to the reducer directly:
 // ddp.reducer is a pybind11 object holding std::shared_ptr<c10d::Reducer> in
 // every torch braid supports. Debian's torch 1.13 ships reducer.hpp without
 // the distributed-autograd headers it includes; there we declare the one

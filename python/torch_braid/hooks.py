@@ -189,9 +189,10 @@ def register(model, state):
     ``torch_braid.ddp.DistributedDataParallel``; call it where you would call
     ``model.register_comm_hook``, once per model. The values are the same as
     through ``model.register_comm_hook(state, hooks.<kind>)``, but that path
-    runs a Python function per bucket and completes each bucket through a
-    Python callback under the GIL, which cost 5-12 ms per step on a 100 MB
-    model (2 ranks, 2 cores): more than the division pass a hook saves. Here
+    runs a Python function per bucket under the GIL, which cost up to 12 ms
+    per step on a 100 MB model (2 ranks, 2 cores; 6.4 ms on average without
+    bucket views, 2.4 with them): about what a hook saves over DDP's own
+    division pass. Here
     PyTorch's C++ reducer calls the C++ hook itself (Note [Reaching DDP's
     reducer] in csrc/backend/compat_reducer.h). Where DDP runs its Python
     reducer (compiled autograd), the Python path is used.
