@@ -194,8 +194,9 @@ def register(model, state):
     bucket views, 2.4 with them): about what a hook saves over DDP's own
     division pass. Here
     PyTorch's C++ reducer calls the C++ hook itself (Note [Reaching DDP's
-    reducer] in csrc/backend/compat_reducer.h). Where DDP runs its Python
-    reducer (compiled autograd), the Python path is used.
+    reducer] in csrc/backend/compat_reducer.h). A DDP model that runs its
+    Python reducer (compiled autograd's optimize_ddp='python_reducer') calls
+    hooks per parameter, not per bucket; register refuses it.
     """
     import torch
 
@@ -211,8 +212,10 @@ def register(model, state):
         raise TypeError("torch_braid.hooks.register: expected a DistributedDataParallel model, "
                         "got %s" % type(model).__name__)
     if getattr(model, "_use_python_reducer", False):
-        model.register_comm_hook(state, fn)
-        return
+        # There DDP calls hooks per parameter with (grad, param), not per bucket.
+        raise RuntimeError("torch_braid.hooks.register: this DDP model runs its Python reducer "
+                           "(torch._dynamo.config.optimize_ddp='python_reducer'), which calls "
+                           "hooks per parameter; braid's hooks take DDP's buckets")
     _C._register_on_reducer(model.reducer, state._cpp_hook())
     logger = getattr(model, "logger", None)
     if logger is not None:  # what DDP's logging data reports as the hook

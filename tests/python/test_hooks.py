@@ -438,6 +438,10 @@ def _register_errors(ctx):
         hooks.register(ddp, None)
     with pytest.raises(TypeError, match="expected a DistributedDataParallel model, got Linear"):
         hooks.register(torch.nn.Linear(4, 2), hooks.allreduce_state())
+    ddp._use_python_reducer = True  # as torch 2.x sets it under optimize_ddp="python_reducer"
+    with pytest.raises(RuntimeError, match="runs its Python reducer"):
+        hooks.register(ddp, hooks.bf16_state())
+    ddp._use_python_reducer = False
     hooks.register(ddp, hooks.bf16_state())
     assert ddp._get_ddp_logging_data().get("comm_hook") == "bf16_compress_hook"
     # A second hook: torch's refusal, with the op, the rank and the hook named.
