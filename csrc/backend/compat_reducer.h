@@ -13,7 +13,7 @@
 // worker thread runs under the GIL too. On issue 31's MLP (2 ranks, 2 cores,
 // four runs of benchmarks/ddp.py) that path took 6.4 ms per step more than
 // the same C++ hook registered on the reducer itself on average without
-// bucket views (3 to 12), 2.4 with them (-2 to 6.5), and varied more from run
+// bucket views (2 to 12), 2.4 with them (-2 to 6.5), and varied more from run
 // to run: about what a hook saves by averaging inside the allreduce instead
 // of DDP's division pass. It is not the callback: a variant that made the
 // result's Python object on the hook's own thread, so that the worker never

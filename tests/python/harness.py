@@ -241,6 +241,11 @@ class Ctx:
                                     datetime.timedelta(seconds=START_TIMEOUT))
         return self.dist.PrefixStore(prefix, client)
 
+    def init_default_group(self, prefix):
+        """init_process_group on this world's backend, through a fresh store under `prefix`."""
+        self.dist.init_process_group(self.backend, store=self.store(prefix), rank=self.rank,
+                                     world_size=self.size, timeout=self.timeout)
+
     def backend_object(self, group=None):
         """The backend itself: on torch 2.x the ProcessGroup is a dispatcher."""
         from torch.distributed import distributed_c10d as c10d

@@ -12,15 +12,10 @@ import pytest
 import harness as H
 
 
-def _init(ctx, prefix):
-    ctx.dist.init_process_group(ctx.backend, store=ctx.store(prefix), rank=ctx.rank,
-                                world_size=ctx.size, timeout=ctx.timeout)
-
-
 def _abort_from_another_thread(ctx):
     """Rank 0 blocks in an allreduce rank 1 never joins; a thread aborts it."""
     torch, dist = ctx.torch, ctx.dist
-    _init(ctx, "abort")
+    ctx.init_default_group("abort")
     be = ctx.backend_object()
     outcome = None
     if ctx.rank == 0:
@@ -59,7 +54,7 @@ def test_abort_fails_a_blocked_op_at_once():
 def _shutdown_after_async_ops(ctx):
     """Async allreduces, then shutdown(): every one completes with the right sum."""
     torch, dist = ctx.torch, ctx.dist
-    _init(ctx, "shutdown")
+    ctx.init_default_group("shutdown")
     ts = [torch.full((1000 + i,), float(ctx.rank + 1)) for i in range(8)]
     works = [dist.all_reduce(t, async_op=True) for t in ts]
     ctx.backend_object().shutdown()
@@ -95,7 +90,7 @@ def _lonely_after_set_timeout(ctx):
     """set_timeout(1 s) on a 30 s group: rank 0's lonely allreduce fails after 1 s."""
     import datetime
 
-    _init(ctx, "settimeout")
+    ctx.init_default_group("settimeout")
     ctx.backend_object().set_timeout(datetime.timedelta(seconds=1))
     outcome = None
     if ctx.rank == 0:

@@ -175,8 +175,7 @@ def test_dead_peer_is_reported_quickly():
 
 def _init_other_host(ctx):
     torch = ctx.torch
-    ctx.dist.init_process_group(ctx.backend, store=ctx.store("spans"), rank=ctx.rank,
-                                world_size=ctx.size, timeout=ctx.timeout)
+    ctx.init_default_group("spans")
     t = torch.full((1,), float(ctx.rank + 1))
     ctx.dist.all_reduce(t)
     big = torch.full((300001,), float(ctx.rank + 1))  # the ring, in 1 MiB segments

@@ -19,11 +19,6 @@ import harness as H
 pytestmark = pytest.mark.braid_only
 
 
-def _init(ctx, prefix):
-    ctx.dist.init_process_group(ctx.backend, store=ctx.store(prefix), rank=ctx.rank,
-                                world_size=ctx.size, timeout=ctx.timeout)
-
-
 def _masks_of_braid_threads():
     """{thread name: mask} of this process's braid threads (comm starting with braid-)."""
     found = {}
@@ -47,7 +42,7 @@ def _bind_and_release(ctx, place=None):
         os.sched_setaffinity(0, place)
     before = sorted(os.sched_getaffinity(0))
     usable = torch_braid._C.cores_info()["cores"]
-    _init(ctx, "pin")
+    ctx.init_default_group("pin")
     t = torch.full((5,), float(ctx.rank + 1))
     dist.all_reduce(t)
     summed = t.tolist() == [ctx.size * (ctx.size + 1) / 2] * 5
@@ -129,7 +124,7 @@ def test_a_placed_rank_is_left_alone():
 
 def _init_fails(ctx):
     try:
-        _init(ctx, "badpin")
+        ctx.init_default_group("badpin")
     except Exception as e:  # noqa: BLE001 - the message is what is checked
         return str(e)
     ctx.dist.destroy_process_group()
