@@ -177,7 +177,6 @@ def int8_compress(state, bucket):
     return _run(state, bucket, "int8")
 
 
-
 _HOOK_FUNCTIONS = {"allreduce": allreduce, "fp16": fp16_compress, "bf16": bf16_compress,
                    "powersgd": powersgd, "int8": int8_compress}
 
@@ -192,9 +191,8 @@ def register(model, state):
     runs a Python function per bucket under the GIL, which cost up to 12 ms
     per step on a 100 MB model (2 ranks, 2 cores; 6.4 ms on average without
     bucket views, 2.4 with them): about what a hook saves over DDP's own
-    division pass. Here
-    PyTorch's C++ reducer calls the C++ hook itself (Note [Reaching DDP's
-    reducer] in csrc/backend/compat_reducer.h). A DDP model that runs its
+    division pass. Here PyTorch's C++ reducer calls the C++ hook itself (Note
+    [Reaching DDP's reducer] in csrc/backend/compat_reducer.h). A DDP model that runs its
     Python reducer (compiled autograd's optimize_ddp='python_reducer') calls
     hooks per parameter, not per bucket; register refuses it.
     """
