@@ -187,7 +187,7 @@ def make_state(hook, group, args):
                                 start_powerSGD_iter=2), H.powersgd
     if hook == "int8":
         return H.int8_state(group), H.int8_compress
-    fn = {"allreduce": H.allreduce, "fp16": H.fp16_compress, "bf16": H.bf16_compress}[hook]
+    fn = H._HOOK_FUNCTIONS[hook]
     return getattr(H, f"{hook}_state")(group), fn
 
 

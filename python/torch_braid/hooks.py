@@ -198,15 +198,15 @@ def register(model, state):
     """
     import torch
 
+    from torch_braid.ddp import DistributedDataParallel as BraidDDP
+
     if not isinstance(state, HookState):
         raise TypeError("torch_braid.hooks.register: the state must come from "
                         "torch_braid.hooks.*_state(), got %r" % (state,))
-    fn = _HOOK_FUNCTIONS[state.kind]
+    if isinstance(model, BraidDDP):  # braid's reducer runs C++ hooks already
+        model.register_comm_hook(state, _HOOK_FUNCTIONS[state.kind])
+        return
     if not isinstance(model, torch.nn.parallel.DistributedDataParallel):
-        if callable(getattr(model, "register_comm_hook", None)) and \
-                type(model).__module__.startswith("torch_braid"):
-            model.register_comm_hook(state, fn)  # braid's reducer runs C++ hooks already
-            return
         raise TypeError("torch_braid.hooks.register: expected a DistributedDataParallel model, "
                         "got %s" % type(model).__name__)
     if getattr(model, "_use_python_reducer", False):
