@@ -7,6 +7,12 @@
   local+ar       the allreduces without the division
   local+avg      the allreduces as AVG (braid divides each reduced share in cache), no division pass
   ddp~view       torch DDP over braid, gradient_as_bucket_view=True, 25 MB buckets
+  local~zero     local, but zero_grad zeroes each parameter's own gradient (DDP's default layout,
+                 and the baseline of benchmarks/ddp.py --zero-grad zero)
+  local~zero+copy      plus DDP's two copies without bucket views: each gradient times 1/n into
+                 a flat buffer (DDP's copy into the bucket), then back into the gradient
+  local~zero+copy+ar   plus braid allreduces of the flat buffer between the two copies
+  ddp            torch DDP over braid, default options, 25 MB buckets
 
     /usr/bin/python3 benchmarks/ddp_anatomy.py [rounds]      # default 5 rounds of 10 steps
 
@@ -30,6 +36,12 @@ def model():
     torch.manual_seed(0)
     return torch.nn.Sequential(*[torch.nn.Linear(2048, 2048) for _ in range(6)])
 
+def bucket_views(m, flat):
+    out, at = [], 0
+    for p in m.parameters():
+        out.append(flat[at:at + p.numel()].view_as(p)); at += p.numel()
+    return out
+
 def run(rank, n, port, rounds, steps):
     os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
     import torch_braid  # noqa: F401  (registers the backend)
@@ -46,11 +58,13 @@ def run(rank, n, port, rounds, steps):
             p.grad = flat[at:at + p.numel()].view_as(p); at += p.numel()
         return m, flat
     def variant(name):
-        if name == "ddp~view":
-            m = torch.nn.parallel.DistributedDataParallel(model(), gradient_as_bucket_view=True, bucket_cap_mb=25)
+        if name.startswith("ddp"):
+            m = torch.nn.parallel.DistributedDataParallel(model(), gradient_as_bucket_view=(name == "ddp~view"), bucket_cap_mb=25)
             flat = None
-        elif name == "local":
+        elif name == "local" or name == "local~zero":
             m = model(); flat = None
+        elif name.startswith("local~zero+"):
+            m = model(); flat = torch.zeros(sum(p.numel() for p in m.parameters()))
         else:
             m, flat = flat_model()
         opt = torch.optim.SGD(m.parameters(), lr=1e-4)
@@ -59,14 +73,20 @@ def run(rank, n, port, rounds, steps):
             opt.zero_grad(set_to_none=(name == "local"))
             loss = torch.nn.functional.mse_loss(m(x), y)
             loss.backward()
+            if "copy" in name:
+                views = bucket_views(m, flat)
+                for p, v in zip(m.parameters(), views): torch.mul(p.grad, 1.0 / n, out=v)
             if "div" in name: flat.div_(n)
             if "ar" in name:
                 for p in reversed(pieces): dist.all_reduce(p)
             if "avg" in name:
                 for p in reversed(pieces): dist.all_reduce(p, op=dist.ReduceOp.AVG)
+            if "copy" in name:
+                for p, v in zip(m.parameters(), views): p.grad.copy_(v)
             opt.step()
         return step
-    names = ["local", "local~flat", "local+div", "local+ar", "local+div+ar", "local+avg", "ddp~view"]
+    names = ["local", "local~flat", "local+div", "local+ar", "local+div+ar", "local+avg", "ddp~view",
+             "local~zero", "local~zero+copy", "local~zero+copy+ar", "ddp"]
     res = {k: [] for k in names}
     for r in range(rounds):
         order = names[r % len(names):] + names[:r % len(names)]
@@ -81,9 +101,11 @@ def run(rank, n, port, rounds, steps):
             res[k].append(t.item())
     if rank == 0:
         base = statistics.median(res["local"])
+        zbase = statistics.median(res["local~zero"])
         for k in names:
             med = statistics.median(res[k])
-            print(f"{k:14s} {med:7.1f} ms  x local {med / base:4.2f}   rounds: " + " ".join(f"{v:.0f}" for v in res[k]), flush=True)
+            print(f"{k:20s} {med:7.1f} ms  x local {med / base:4.2f}  x local~zero {med / zbase:4.2f}   rounds: "
+                  + " ".join(f"{v:.0f}" for v in res[k]), flush=True)
     dist.destroy_process_group()
 
 if __name__ == "__main__":
