@@ -17,9 +17,9 @@ Rows (per model, bucket cap and world size):
   reducer/braid[+<hook>]   torch_braid.ddp.DistributedDataParallel, its defaults (bucket views
                            on; skipped if absent)
   local/none               the same model and step without DDP, every rank at once (the ceiling)
-  ~view, ~copy             with --bucket-view: ddp/braid~view (gradient_as_bucket_view=True), the
-                           same for each hook row (ddp/braid+<hook>~view), and
-                           reducer/braid~copy (False)
+  ~view, ~copy             with --bucket-view: ddp/<backend>~view (gradient_as_bucket_view=True)
+                           for every backend, the same for each hook row
+                           (ddp/braid+<hook>~view), and reducer/braid~copy (False)
 Models: mlp (6 x Linear(2048, 2048), batch 1: 25M parameters, communication-bound), cnn (a
 small conv net, batch 16 of 3x32x32), transformer (one TransformerEncoderLayer, d_model 256,
 4 heads, feed-forward 1024: 0.8M parameters; batch 2 x 32 tokens), resnet50 (torchvision's, 25.6M
@@ -84,7 +84,8 @@ CUDA_TARGETS = [
      "ddp/braid", "ddp/gloo", "speed", 5.0),
 ]
 TARGETS = [
-    # (label, row, base row, ratio kind, threshold): checked on mlp at 2 ranks
+    # (label, row, base row, ratio kind, threshold[, model]): checked at 2 ranks, on mlp
+    # unless a model is named
     ("MLP batch 1: PyTorch DDP on braid vs on gloo (steps/s)", "ddp/braid", "ddp/gloo",
      "speed", 1.6),
     ("braid reducer vs PyTorch DDP, both on braid (steps/s)", "reducer/braid", "ddp/braid",
@@ -106,6 +107,11 @@ TARGETS = [
      "step", "ddp/braid~view", "local/none", "time", 1.3),
     ("the same with braid's allreduce hook registered in C++ (no division pass)",
      "ddp/braid+cpp_allreduce~view", "local/none", "time", 1.3),
+    # issue 31: ResNet-50 (--models resnet50), with DDP's defaults and with bucket views on both
+    ("ResNet-50: PyTorch DDP on braid vs on gloo (steps/s)", "ddp/braid", "ddp/gloo", "speed",
+     1.15, "resnet50"),
+    ("ResNet-50, bucket views on both (--bucket-view): PyTorch DDP on braid vs on gloo (steps/s)",
+     "ddp/braid~view", "ddp/gloo~view", "speed", 1.15, "resnet50"),
 ]
 
 
@@ -290,8 +296,8 @@ def rows_for(backends, args, reducer_cls):
             if args.bucket_view:  # a hook replaces DDP's division pass over the bucket
                 rows.append(Row("ddp", b, h, view=True))
     braid = next((b for b in backends if b.name == "braid"), None)
-    if braid is not None and args.bucket_view:
-        rows.append(Row("ddp", braid, view=True))
+    if args.bucket_view:  # every backend, so that braid's ~view row has its like to compare to
+        rows += [Row("ddp", b, view=True) for b in backends]
     if reducer_cls is not None and braid is not None:
         rows.append(Row("reducer", braid))
         if args.bucket_view:
@@ -386,9 +392,8 @@ def report(parts, args):
     for r in res:
         key = (r["model"], r["bucket_mb"], r["ranks"])
         gloo = by.get(key + ("ddp/gloo",))
-        # a hook row: the same backend's ddp row; a reducer row and a ~view row: ddp/braid
-        base_row = ("ddp/braid" if r["kind"] == "reducer" or r["row"].endswith("~view")
-                    else f"ddp/{r['backend']}")
+        # a hook row and a ~view row: the same backend's ddp row; a reducer row: ddp/braid
+        base_row = "ddp/braid" if r["kind"] == "reducer" else f"ddp/{r['backend']}"
         base = by.get(key + (base_row,)) if r["row"] != base_row else None
         one = by.get((r["model"], r["bucket_mb"], 1, r["row"]))
         r["vs_gloo_ddp"] = r["steps_per_s"] / gloo["steps_per_s"] if gloo else None
@@ -435,9 +440,10 @@ def report(parts, args):
         gpus = parts[0]["meta"].get("cuda_devices", 1) if parts else 1
         shared = [n for n in args.ranks if n > gpus]
         targets, at = CUDA_TARGETS, max(shared) if shared else None
-    for label, row, base_row, kind, threshold in targets:
-        r = by.get(("mlp", args.target_bucket_mb, at, row))
-        b = by.get(("mlp", args.target_bucket_mb, at, base_row))
+    for label, row, base_row, kind, threshold, *model in targets:
+        model = model[0] if model else "mlp"
+        r = by.get((model, args.target_bucket_mb, at, row))
+        b = by.get((model, args.target_bucket_mb, at, base_row))
         if r is None or b is None:
             checks.append({"target": label, "value": None, "threshold": threshold,
                            "met": None})
@@ -453,7 +459,7 @@ def report(parts, args):
             met = v <= threshold
         checks.append({"target": label, "value": v, "threshold": threshold, "met": met})
     where = "CUDA, " if args.device == "cuda" else ""
-    print(f"\nTargets ({where}mlp, {at} ranks, bucket {args.target_bucket_mb} MB):")
+    print(f"\nTargets ({where}mlp unless named, {at} ranks, bucket {args.target_bucket_mb} MB):")
     for c in checks:
         state = "n/a (not measured)" if c["met"] is None else ("met" if c["met"] else "NOT met")
         value = "" if c["value"] is None else f"{c['value']:.3f} vs {c['threshold']}: "
@@ -494,8 +500,8 @@ def parse_args(argv=None):
                         "1.13's default: backward accumulates into the same memory, which with "
                         "bucket views is the bucket)")
     p.add_argument("--bucket-view", action="store_true",
-                   help="also time ddp/braid with gradient_as_bucket_view=True (row "
-                        "ddp/braid~view) and reducer/braid with it off (reducer/braid~copy: "
+                   help="also time DDP with gradient_as_bucket_view=True (rows "
+                        "ddp/<backend>~view) and reducer/braid with it off (reducer/braid~copy: "
                         "torch_braid.ddp has it on by default)")
     p.add_argument("--powersgd-rank", type=int, default=4)
     p.add_argument("--steps", type=int, default=10)
