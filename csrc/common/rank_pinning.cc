@@ -115,10 +115,15 @@ PinDecision choosePin(PinMode mode, int localRank, int ranksHere, const std::vec
   return d;
 }
 
-PinDecision choosePinHere(PinMode mode, int localRank, int ranksHere) {
+namespace {
+PinDecision choosePinFrom(PinMode mode, int localRank, int ranksHere, const std::vector<int>& mask) {
   const long online = sysconf(_SC_NPROCESSORS_ONLN);
-  return choosePin(mode, localRank, ranksHere, currentAffinity(), static_cast<int>(online),
-                   usableCores().cores);
+  return choosePin(mode, localRank, ranksHere, mask, static_cast<int>(online), usableCores().cores);
+}
+}  // namespace
+
+PinDecision choosePinHere(PinMode mode, int localRank, int ranksHere) {
+  return choosePinFrom(mode, localRank, ranksHere, currentAffinity());
 }
 
 RankPin::RankPin(int cpu, std::vector<int> before) : cpu_(cpu), before_(std::move(before)) {
@@ -135,10 +140,12 @@ std::shared_ptr<RankPin> pinRankIfFull(PinMode mode, int localRank, int ranksHer
   std::lock_guard<std::mutex> lock(mu);
   if (auto pin = current.lock()) return pin;  // the first group's binding holds
   if (mode == PinMode::kOff) return nullptr;
-  const PinDecision d = choosePinHere(mode, localRank, ranksHere);
+  // One read of the mask: the decision and the restore see the same one.
+  std::vector<int> mask = currentAffinity();
+  const PinDecision d = choosePinFrom(mode, localRank, ranksHere, mask);
   BRAID_LOG(kInfo, "pin", rank) << (d.pin ? "bound: " : "not bound: ") << d.why;
   if (!d.pin) return nullptr;
-  auto pin = std::make_shared<RankPin>(d.cpu, currentAffinity());
+  auto pin = std::make_shared<RankPin>(d.cpu, std::move(mask));
   current = pin;
   return pin;
 }
