@@ -36,7 +36,11 @@ def model():
     torch.manual_seed(0)
     return torch.nn.Sequential(*[torch.nn.Linear(2048, 2048) for _ in range(6)])
 
+def flat_buffer(m):
+    return torch.zeros(sum(p.numel() for p in m.parameters()))
+
 def bucket_views(m, flat):
+    """Views of `flat` shaped as m's parameters, in order (DDP's bucket views)."""
     out, at = [], 0
     for p in m.parameters():
         out.append(flat[at:at + p.numel()].view_as(p)); at += p.numel()
@@ -50,12 +54,8 @@ def run(rank, n, port, rounds, steps):
     ctl = dist.new_group(backend="gloo")
     x = torch.randn(1, 2048); y = torch.randn(1, 2048)
     def flat_model():
-        m = model()
-        ps = list(m.parameters())
-        flat = torch.zeros(sum(p.numel() for p in ps))
-        at = 0
-        for p in ps:
-            p.grad = flat[at:at + p.numel()].view_as(p); at += p.numel()
+        m = model(); flat = flat_buffer(m)
+        for p, v in zip(m.parameters(), bucket_views(m, flat)): p.grad = v
         return m, flat
     def variant(name):
         if name.startswith("ddp"):
@@ -64,17 +64,17 @@ def run(rank, n, port, rounds, steps):
         elif name == "local" or name == "local~zero":
             m = model(); flat = None
         elif name.startswith("local~zero+"):
-            m = model(); flat = torch.zeros(sum(p.numel() for p in m.parameters()))
+            m = model(); flat = flat_buffer(m)
         else:
             m, flat = flat_model()
         opt = torch.optim.SGD(m.parameters(), lr=1e-4)
         pieces = None if flat is None else list(flat.split(flat.numel() // 4 + 1))
+        views = None if flat is None else bucket_views(m, flat)
         def step():
             opt.zero_grad(set_to_none=(name == "local"))
             loss = torch.nn.functional.mse_loss(m(x), y)
             loss.backward()
             if "copy" in name:
-                views = bucket_views(m, flat)
                 for p, v in zip(m.parameters(), views): torch.mul(p.grad, 1.0 / n, out=v)
             if "div" in name: flat.div_(n)
             if "ar" in name:

@@ -21,6 +21,8 @@ import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
 
+from ddp_anatomy import model  # the MLP of benchmarks/ddp.py
+
 
 def run(rank, mode, port):
     os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
@@ -28,9 +30,8 @@ def run(rank, mode, port):
     from torch_braid import hooks
     torch.set_num_threads(1)
     dist.init_process_group("braid", rank=rank, world_size=2)
-    torch.manual_seed(0)
-    model = torch.nn.Sequential(*[torch.nn.Linear(2048, 2048) for _ in range(6)])
-    ddp = model if mode == "local" else torch.nn.parallel.DistributedDataParallel(model, bucket_cap_mb=25)
+    mlp = model()
+    ddp = mlp if mode == "local" else torch.nn.parallel.DistributedDataParallel(mlp, bucket_cap_mb=25)
     if mode == "py":
         ddp.register_comm_hook(hooks.allreduce_state(), hooks.allreduce)
     elif mode == "cpp":
