@@ -35,10 +35,14 @@ class CMakeBuild(build_ext):
                          f"-torch{torch.__version__.split('+')[0]}"))
         os.makedirs(build_dir, exist_ok=True)
         cfg = os.environ.get("BRAID_BUILD_TYPE", "Release")
+        sim = os.environ.get("BRAID_BUILD_SIM", "0") in ("1", "ON", "on", "true")
         cmake_args = [
             f"-DCMAKE_BUILD_TYPE={cfg}",
             "-DBRAID_BUILD_PYTHON=ON",
             f"-DBRAID_BUILD_TESTS={os.environ.get('BRAID_BUILD_TESTS', 'ON')}",
+            # The simulated device is for braid's own tests: never in what pip installs
+            # (Note [Simulators outside the product] in csrc/python/testing_hooks.h).
+            f"-DBRAID_BUILD_SIM={'ON' if sim else 'OFF'}",
             f"-DPython3_EXECUTABLE={sys.executable}",
             f"-DCMAKE_PREFIX_PATH={torch.utils.cmake_prefix_path}",
         ]
@@ -46,8 +50,10 @@ class CMakeBuild(build_ext):
             cmake_args.append(f"-DBRAID_SANITIZE={os.environ['BRAID_SANITIZE']}")
         jobs = os.environ.get("BRAID_JOBS", str(os.cpu_count() or 2))
         subprocess.check_call(["cmake", "-S", ROOT, "-B", build_dir] + cmake_args)
-        # The extension only; tests/run_suite.sh builds the C++ test targets.
-        subprocess.check_call(["cmake", "--build", build_dir, "-j", jobs, "--target", "_C"])
+        # The extension only (and, for tests, braid_sim's); tests/run_suite.sh builds the
+        # C++ test targets.
+        targets = ["_C"] + (["braid_sim_py"] if sim else [])
+        subprocess.check_call(["cmake", "--build", build_dir, "-j", jobs, "--target"] + targets)
         # _C is self-contained (libbraid's objects are linked in), so builds
         # for several Python/torch versions can sit side by side.
         target = os.path.abspath(self.get_ext_fullpath(ext.name))
@@ -57,6 +63,11 @@ class CMakeBuild(build_ext):
                                f"{sys.executable}?)")
         os.makedirs(os.path.dirname(target), exist_ok=True)
         shutil.copy2(built, target)
+        if sim:
+            # Into the source tree, beside its Python half: tests import it from there.
+            name = os.path.basename(target)
+            shutil.copy2(os.path.join(build_dir, "braid_sim", name),
+                         os.path.join(ROOT, "tests", "sim", "python", "braid_sim", name))
 
 
 setup(

@@ -14,7 +14,7 @@
 #include <cstdlib>
 #include <vector>
 
-#include "backend/flight_recording.h"
+#include "c10d/flight_recorder.h"
 
 int main(int argc, char** argv) {
   const int n = argc > 1 ? std::atoi(argv[1]) : 200000;

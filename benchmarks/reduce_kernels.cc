@@ -19,8 +19,8 @@
 #include <string>
 #include <vector>
 
-#include "reduce/dispatch.h"
-#include "reduce/reduce.h"
+#include "math/dispatch.h"
+#include "math/reduce.h"
 
 namespace {
 

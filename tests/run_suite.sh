@@ -61,6 +61,9 @@ $PY -m venv --system-site-packages "$venv"
 BRAID_BUILD_DIR="$build/pip" BRAID_BUILD_TESTS=OFF CCACHE_DIR="${CCACHE_DIR:-$repo/build/ccache}" \
   "$venv/bin/python" -m pip install -q --no-build-isolation --no-deps --no-index "$repo" >&2
 (cd "$build" && "$venv/bin/python" -m torch_braid.info | grep -E "^braid|torch  |pybind11") >&2
+# What ships holds no simulator (Note [Simulators outside the product]).
+"$repo/tools/check_shipped.sh" "$prefix" \
+  "$("$venv/bin/python" -c 'import sysconfig; print(sysconfig.get_paths()["purelib"])')"
 
 export PYTHONPATH="$repo/python${PYTHONPATH:+:$PYTHONPATH}"
 # The GPU machine's check script in its no-GPU mode (about 30 s), so that it does not rot

@@ -70,7 +70,7 @@ class Group {
     return 0;
   }
   // After an op whose desc had offersBuffer set: whether every rank's had
-  // (Note [Adopting a repeated buffer] in backend/buffer_adoption.h); the
+  // (Note [Adopting a repeated buffer] in c10d/buffer_adoption.h); the
   // same on every rank. Transports without registered buffers: never.
   virtual bool everyRankOffered() const { return false; }
   // Where registered regions are released (any thread); nullptr without them.

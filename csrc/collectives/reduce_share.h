@@ -3,7 +3,7 @@
 #pragma once
 
 #include "collectives/shm/communicator.h"
-#include "reduce/reduce.h"
+#include "math/reduce.h"
 
 namespace braid {
 namespace collectives {

@@ -107,7 +107,7 @@ SpinPolicy spinPolicyFor(int ranksHere, int rank);
 bool coresToSpare();
 
 // braid's threads per rank beside the rank's own: the worker that runs ops
-// (backend/engine.h) and the point-to-point progress thread (started on the
+// (engine/engine.h) and the point-to-point progress thread (started on the
 // first send or receive). A group across hosts adds a TCP thread, which
 // sleeps in poll().
 constexpr int kBraidThreadsPerRank = 2;
@@ -119,7 +119,7 @@ constexpr std::chrono::microseconds kShortSpin{20};
 
 // Note [Spinning for a blocked rank]
 // Whether the calling thread's waits may spin long: set by whoever runs an
-// op for the duration of the op (backend/engine.cc): always on a caller that
+// op for the duration of the op (engine/engine.cc): always on a caller that
 // runs its own op, and on the worker only while a caller waits for the op
 // (the flag it points to counts those callers). Transport waits read it
 // between spin rounds, so a caller that starts waiting lengthens the spin of

@@ -112,12 +112,9 @@ class CudaRuntime final : public DeviceApi {
   void streamDestroy(Stream s) override {
     if (s == nullptr) throw Error("braid: cudaStreamDestroy(null): the default stream");
     BRAID_CUDART(f_.streamDestroy(s), "cudaStreamDestroy(", s, ")");
-    std::lock_guard<std::mutex> lk(mu_);
-    hostFuncErrors_.erase(s);
   }
   void streamSynchronize(Stream s) override {
     BRAID_CUDART(f_.streamSynchronize(s), "cudaStreamSynchronize(", s, ")");
-    throwHostFuncError(s);
   }
   bool streamQuery(Stream s) override {
     const rt::Status err = f_.streamQuery(s);
@@ -126,7 +123,6 @@ class CudaRuntime final : public DeviceApi {
       return false;
     }
     BRAID_CUDART(err, "cudaStreamQuery(", s, ")");
-    throwHostFuncError(s);
     return true;
   }
 
@@ -263,56 +259,11 @@ class CudaRuntime final : public DeviceApi {
     return h;
   }
 
-  void setStreamDelay(Stream, std::chrono::microseconds) override {
-    throw Error("braid: setStreamDelay is for tests on the simulated device only");
-  }
-
-  // The function runs on a CUDA runtime thread and must not call CUDA. An
-  // exception it throws is kept and thrown by the next streamSynchronize or
-  // streamQuery of `s` (CUDA has no way to fail a stream from a host func).
-  void launchHostFunc(Stream s, std::function<void()> fn) override {
-    if (!fn) throw Error("braid: launchHostFunc: empty function");
-    auto call = std::make_unique<HostCall>(HostCall{this, s, std::move(fn)});
-    BRAID_CUDART(f_.launchHostFunc(s, &CudaRuntime::runHostCall, call.get()),
-                 "cudaLaunchHostFunc(stream=", s, ")");
-    call.release();  // runHostCall deletes it
-  }
-
  private:
-  struct HostCall {
-    CudaRuntime* self;
-    Stream stream;
-    std::function<void()> fn;
-  };
-
-  static void runHostCall(void* p) {
-    std::unique_ptr<HostCall> call(static_cast<HostCall*>(p));
-    try {
-      call->fn();
-    } catch (const std::exception& e) {
-      call->self->keepHostFuncError(call->stream, e.what());
-    } catch (...) {
-      call->self->keepHostFuncError(call->stream, "an exception that is not a std::exception");
-    }
-  }
-
-  void keepHostFuncError(Stream s, const std::string& what) {
-    std::lock_guard<std::mutex> lk(mu_);
-    auto& slot = hostFuncErrors_[s];
-    if (slot.empty()) slot = strCat("braid: launchHostFunc on stream ", s, " failed: ", what);
-  }
-
-  void throwHostFuncError(Stream s) {
-    std::lock_guard<std::mutex> lk(mu_);
-    auto it = hostFuncErrors_.find(s);
-    if (it != hostFuncErrors_.end()) throw Error(it->second);  // sticky, as CUDA's errors
-  }
-
   const rt::Runtime& r_;
   const rt::Functions& f_;
-  std::mutex mu_;  // the maps below
+  std::mutex mu_;  // uuids_
   std::unordered_map<int, std::string> uuids_;
-  std::unordered_map<Stream, std::string> hostFuncErrors_;
 };
 
 }  // namespace

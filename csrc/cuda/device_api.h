@@ -8,22 +8,22 @@
 //     found by soname at first use), so that braid and torch share one runtime
 //     and one primary context. Loading torch_braid on a machine without CUDA
 //     touches none of it.
-//   - simulatedDevice(): a CPU stand-in with CUDA's ordering rules. A stream is
-//     a worker thread with a FIFO of tasks; an event is a flag that a task on
+//   - the simulated device (tests/sim/device/sim_device.h: test-only, never
+//     shipped): a CPU stand-in with CUDA's ordering rules. A stream is a
+//     worker thread with a FIFO of tasks; an event is a flag that a task on
 //     the recording stream sets; streamWaitEvent enqueues a task that blocks
 //     until the flag is set; "device memory" is host memory. So an executor
 //     that forgets to order a stream after another reads stale data in a test,
 //     exactly as it would on a GPU. Tests can slow a stream down
-//     (setStreamDelay) to widen such races until they always show.
+//     (SimulatedDevice::setStreamDelay) to widen such races until they always
+//     show.
 // Handles are opaque: a Stream is a cudaStream_t or a simulated stream, an
 // Event a cudaEvent_t or a simulated event; they never cross implementations.
 // Every call throws braid::Error naming the call and the runtime's message.
 #pragma once
 
-#include <chrono>
 #include <cstddef>
 #include <cstdint>
-#include <functional>
 #include <string>
 
 #include "common/types.h"
@@ -83,7 +83,7 @@ class DeviceApi {
 
   // dst[i] = op(dst[i], src[i]) for i < count, in stream order, with the
   // CPU path's rules (Note [Reduced-precision accumulation] in
-  // reduce/reduce.h): one kernel from cuda/kernels.cuh.
+  // math/reduce.h): one kernel from cuda/kernels.cuh.
   virtual void reduceAsync(DataType type, ReduceOp op, void* dst, const void* src, size_t count,
                            Stream s) = 0;
 
@@ -94,7 +94,7 @@ class DeviceApi {
   virtual void reduceMultiAsync(DataType type, ReduceOp op, void* dst, const void* const* srcs,
                                 int n, double divisor, size_t count, Stream s) = 0;
 
-  // CUDA IPC (Note [Same-GPU collectives] in cuda/same_gpu.h): memory and
+  // CUDA IPC (Note [Same-GPU collectives] in cuda/shared_gpu/same_gpu.h): memory and
   // events that another process on the host can open. Handles are opaque
   // bytes (kIpcHandleBytes), valid while the exporter keeps the object.
   // Device memory another process may open (cudaMalloc: all of it can be; the
@@ -113,21 +113,10 @@ class DeviceApi {
   // The exporter's event, here: streamWaitEvent/eventQuery on it see the
   // exporter's records; eventDestroy closes it.
   virtual Event ipcOpenEvent(const std::string& handle) = 0;
-
-  // Testing only (the simulated device; cudaRuntime() throws): every task
-  // enqueued on `s` from now on first sleeps for `delay`.
-  virtual void setStreamDelay(Stream s, std::chrono::microseconds delay) = 0;
-  // Testing only (the simulated device): enqueues `fn` on `s`, to run in
-  // stream order on the stream's thread (a stand-in for a user's kernel).
-  virtual void launchHostFunc(Stream s, std::function<void()> fn) = 0;
 };
 
 // The CUDA runtime torch loaded; throws braid::Error saying why when there is
 // none (no libcudart, no driver, no device).
 DeviceApi& cudaRuntime();
-// The simulated device, with `devices` devices on first call (later calls
-// return the same one).
-DeviceApi& simulatedDevice(int devices = 2);
-
 }  // namespace cuda
 }  // namespace braid

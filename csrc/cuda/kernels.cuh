@@ -6,7 +6,7 @@
 //
 // The results are those of the CPU path, bit for bit:
 // - reduce: dst = op(dst, src) is reduce::reduceN over {dst, src} (Note
-//   [Reduced-precision accumulation] in reduce/reduce.h: fp16/bf16 widened to
+//   [Reduced-precision accumulation] in math/reduce.h: fp16/bf16 widened to
 //   fp32 and rounded once, to nearest even; floating MIN/MAX propagate NaN as
 //   in Note [NaN in min and max]; integers wrap; bool is logical).
 // - scale/divide: reduce::scale/reduce::divide.
@@ -62,7 +62,7 @@ BRAID_HD inline float bitsFloat(uint32_t u) {
 #endif
 }
 
-// The conversions of reduce/half.h (which is host-only), step for step.
+// The conversions of math/half.h (which is host-only), step for step.
 BRAID_HD inline float halfToFloat(uint16_t h) {
   const uint32_t sign = static_cast<uint32_t>(h & 0x8000u) << 16;
   const uint32_t exp = (h >> 10) & 0x1Fu;
@@ -144,7 +144,7 @@ struct Bool {
   BRAID_HD static Mem narrow(Acc a) { return a; }
 };
 
-// ---- Ops (reduce/kernels_scalar.cc's, for two operands) -----------------------
+// ---- Ops (math/kernels_scalar.cc's, for two operands) -----------------------
 
 // Integer sums and products wrap: computed in an unsigned type at least as
 // wide as int, so that neither signed overflow nor promotion is undefined.
@@ -233,7 +233,7 @@ BRAID_HD inline void reduceRange(typename C::Mem* dst, const typename C::Mem* sr
 // once, the CPU path's rule), then divided by `divisor` before narrowing when
 // it is not 1 (AVG). dst may be one of the sources: each element is read from
 // every source before it is written. Ranks sharing a GPU reduce their slice
-// this way, reading every peer's buffer directly (cuda/same_gpu.cc).
+// this way, reading every peer's buffer directly (cuda/shared_gpu/same_gpu.cc).
 constexpr int kMaxReduceSources = 16;
 struct ReduceSources {  // passed by value to the kernel
   const void* p[kMaxReduceSources];

@@ -10,7 +10,7 @@ namespace kernels {
 // ---- Casts -----------------------------------------------------------------
 
 // out[i] = round_to_nearest_even(x[i] / divisor) (narrowDivided). fp16 rounds
-// as F16C does (reduce/half.h); bf16 as c10::BFloat16 (NaN -> 0x7fc0), as the
+// as F16C does (math/half.h); bf16 as c10::BFloat16 (NaN -> 0x7fc0), as the
 // hook does.
 BRAID_HD inline void narrowHalfRange(const float* x, uint16_t* out, float divisor, size_t begin,
                                      size_t end, size_t stride) {

@@ -1,11 +1,11 @@
 // The averaging hooks: plain allreduce, and allreduce in float16 / bfloat16.
 #include <functional>
 
-#include "backend/compat.h"
-#include "backend/process_group.h"
+#include "c10d/compat.h"
+#include "c10d/process_group.h"
 #include "hooks/aten_kernels.h"
-#include "hooks/comm_hooks.h"
-#include "reduce/cast.h"
+#include "hooks/comm_hook.h"
+#include "math/cast.h"
 
 namespace braid {
 namespace hooks {
@@ -44,7 +44,7 @@ bool needsGatherFallback(const c10::intrusive_ptr<c10d::ProcessGroup>& pg,
 // gradient itself, exceeds 65504 but its share does not; it costs the low
 // bits of tiny values, which torch's fp16_compress_hook accepts too (torch
 // rounds x, then x / n). float32 CPU buckets go through fused loops
-// (reduce/cast.h): one pass each way instead of three; CUDA buckets through
+// (math/cast.h): one pass each way instead of three; CUDA buckets through
 // one ATen kernel each way (Note [Hooks on CUDA buckets]). On a braid group
 // on one host, float32 CPU buckets skip both: the allreduce itself rounds,
 // sums and widens, with the same bits (Note [Allreduce on a narrower wire]

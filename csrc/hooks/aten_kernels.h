@@ -1,4 +1,4 @@
-// The hooks' fast loops (reduce/cast.h, int8_kernels.h, PowerSGD's
+// The hooks' fast loops (math/cast.h, int8_kernels.h, PowerSGD's
 // Gram-Schmidt) written as ATen ops, for buckets that are not on the CPU.
 //
 // On a GPU bucket the CPU loops cannot run: the memory is the device's, and

@@ -3,9 +3,9 @@
 #include <utility>
 
 #include "common/error.h"
-#include "backend/compat.h"
-#include "backend/process_group.h"
-#include "hooks/comm_hooks.h"
+#include "c10d/compat.h"
+#include "c10d/process_group.h"
+#include "hooks/comm_hook.h"
 
 namespace braid {
 namespace hooks {

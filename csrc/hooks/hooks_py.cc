@@ -1,13 +1,13 @@
 // Python side of the hooks: torch_braid._C._CommHook (a shared C++ hook) and
 // its factories. python/torch_braid/hooks.py wraps them into DDP hook
-// functions and states; see the contract at the top of hooks/comm_hooks.h.
+// functions and states; see the contract at the top of hooks/comm_hook.h.
 #include <torch/csrc/jit/python/pybind_utils.h>
 #include <torch/csrc/utils/pybind.h>
 
-#include "backend/compat_reducer.h"
-#include "backend/python_parts.h"
+#include "c10d/compat_reducer.h"
+#include "python/python_parts.h"
 #include "common/error.h"
-#include "hooks/comm_hooks.h"
+#include "hooks/comm_hook.h"
 #include "reducer/comm_hook_py.h"
 
 namespace py = pybind11;

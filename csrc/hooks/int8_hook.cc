@@ -19,7 +19,7 @@
 
 #include "common/error.h"
 #include "hooks/aten_kernels.h"
-#include "hooks/comm_hooks.h"
+#include "hooks/comm_hook.h"
 #include "hooks/int8_kernels.h"
 
 namespace braid {

@@ -15,7 +15,7 @@
 #include "common/error.h"
 #include "common/logging.h"
 #include "hooks/aten_kernels.h"
-#include "hooks/comm_hooks.h"
+#include "hooks/comm_hook.h"
 
 namespace braid {
 namespace hooks {

@@ -1,7 +1,7 @@
 // braid::DistributedDataParallel: data-parallel training for LibTorch C++
 // modules, which the C++ frontend lacks (pytorch #48959, #40581).
 //
-//   auto env = braid::init_from_env();                 // backend/init_from_env.h
+//   auto env = braid::init_from_env();                 // c10d/init_from_env.h
 //   auto net = std::make_shared<Net>();                // any torch::nn::Module
 //   braid::DistributedDataParallel ddp(net, env.process_group);
 //   torch::optim::SGD opt(net->parameters(), 0.1);

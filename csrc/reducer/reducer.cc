@@ -1,6 +1,6 @@
 #include "reducer/reducer.h"
 
-#include "backend/compat.h"
+#include "c10d/compat.h"
 
 #include <ATen/ScalarOps.h>
 #include <torch/csrc/autograd/engine.h>
@@ -13,7 +13,7 @@
 #include <tuple>
 #include <unordered_map>
 
-#include "backend/process_group.h"
+#include "c10d/process_group.h"
 #include "common/error.h"
 #include "common/logging.h"
 #include "reducer/buckets.h"

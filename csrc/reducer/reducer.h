@@ -16,11 +16,11 @@
 #include <string>
 #include <vector>
 
-#include "backend/compat.h"
+#include "c10d/compat.h"
 
 namespace braid {
 
-class ProcessGroupBraid;  // backend/process_group.h
+class ProcessGroupBraid;  // c10d/process_group.h
 
 struct ReducerOptions {
   int64_t first_bucket_bytes = int64_t(1) << 20;

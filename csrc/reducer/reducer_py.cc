@@ -4,7 +4,7 @@
 #include <torch/csrc/distributed/c10d/python_comm_hook.h>
 #include <torch/csrc/utils/pybind.h>  // intrusive_ptr holders (ProcessGroup), Tensor casters
 
-#include "backend/python_parts.h"
+#include "python/python_parts.h"
 #include "reducer/comm_hook_py.h"
 #include "reducer/param_sync.h"
 #include "reducer/reducer.h"

@@ -6,7 +6,7 @@
 // Each rank draws its own shard; braid::DistributedDataParallel averages the
 // gradients over ranks during backward, so every rank's model stays the same.
 // At the end rank 0 saves a checkpoint and every rank loads it back.
-#include <braid/backend/init_from_env.h>
+#include <braid/c10d/init_from_env.h>
 #include <braid/reducer/ddp.h>
 #include <torch/nn/module.h>
 #include <torch/nn/modules/linear.h>

@@ -2,7 +2,7 @@
 
 torch's Python function refuses every backend but gloo by name, before it
 reaches the C++ ``monitoredBarrier`` that braid implements
-(csrc/backend/process_group_monitored.cc, Note [Monitored barrier]). Importing
+(csrc/c10d/process_group_monitored.cc, Note [Monitored barrier]). Importing
 torch_braid wraps it: a group whose CPU backend is braid goes straight to that
 method; any other call goes to torch's own function, unchanged.
 

@@ -192,7 +192,7 @@ def register(model, state):
     per step on a 100 MB model (2 ranks, 2 cores; 6.4 ms on average without
     bucket views, 2.4 with them): about what a hook saves over DDP's own
     division pass. Here PyTorch's C++ reducer calls the C++ hook itself (Note
-    [Reaching DDP's reducer] in csrc/backend/compat_reducer.h). A DDP model that runs its
+    [Reaching DDP's reducer] in csrc/c10d/compat_reducer.h). A DDP model that runs its
     Python reducer (compiled autograd's optimize_ddp='python_reducer') calls
     hooks per parameter, not per bucket; register refuses it.
     """

@@ -11,16 +11,16 @@
 #include <vector>
 
 #include "cuda/device_api.h"
-#include "cuda/nccl_executor.h"
-#include "cuda/nccl_sim.h"
+#include "cuda/nccl/nccl_executor.h"
+#include "sim/nccl/nccl_sim.h"
 #include "memory_store.h"
-#include "reduce/half.h"
+#include "math/half.h"
 
 namespace braid {
 namespace cuda {
 namespace testing {
 
-inline DeviceApi& dev() { return simulatedDevice(4); }
+inline SimulatedDevice& dev() { return simulatedDevice(4); }
 
 // Element i of a buffer of `t`, as a double (bool: 0/1).
 inline double getValue(DataType t, const void* p, size_t i) {

@@ -10,7 +10,7 @@
 
 #include "common/error.h"
 #include "common/types.h"
-#include "reduce/half.h"
+#include "math/half.h"
 
 namespace braid {
 namespace testing {

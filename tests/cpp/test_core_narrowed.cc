@@ -11,8 +11,8 @@
 #include "collectives/shm/collectives.h"
 #include "core_group.h"
 #include "memory_store.h"
-#include "reduce/cast.h"
-#include "reduce/half.h"
+#include "math/cast.h"
+#include "math/half.h"
 
 namespace braid {
 namespace {

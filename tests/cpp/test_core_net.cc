@@ -12,8 +12,8 @@
 
 #include "collectives/net/collectives.h"
 #include "core_group.h"
-#include "reduce/half.h"
-#include "reduce/reduce.h"
+#include "math/half.h"
+#include "math/reduce.h"
 #include "reduce_values.h"
 #include "tcp_group.h"
 #include "transport/shm/transport.h"

@@ -14,9 +14,9 @@
 #include <vector>
 
 #include "common/error.h"
-#include "reduce/dispatch.h"
-#include "reduce/half.h"
-#include "reduce/reduce.h"
+#include "math/dispatch.h"
+#include "math/half.h"
+#include "math/reduce.h"
 
 namespace braid {
 

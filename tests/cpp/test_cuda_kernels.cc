@@ -17,8 +17,8 @@
 #include "cuda/host_kernels.h"
 #include "cuda/kernels.cuh"
 #include "hooks/int8_kernels.h"
-#include "reduce/half.h"
-#include "reduce/reduce.h"
+#include "math/half.h"
+#include "math/reduce.h"
 
 namespace braid {
 namespace cuda {

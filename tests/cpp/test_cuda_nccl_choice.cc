@@ -6,9 +6,9 @@
 #include <cstring>
 
 #include "common/error.h"
-#include "cuda/executor_choice.h"
-#include "cuda/nccl_api.h"
-#include "reduce/half.h"
+#include "cuda/nccl/executor_choice.h"
+#include "cuda/nccl/nccl_api.h"
+#include "math/half.h"
 
 namespace braid {
 namespace cuda {

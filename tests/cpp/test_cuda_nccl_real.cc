@@ -12,8 +12,8 @@
 
 #include "common/error.h"
 #include "cuda/device_api.h"
-#include "cuda/nccl_api.h"
-#include "cuda/nccl_executor.h"
+#include "cuda/nccl/nccl_api.h"
+#include "cuda/nccl/nccl_executor.h"
 #include "memory_store.h"
 #include "nccl_sim_ranks.h"  // getValue/setValue
 

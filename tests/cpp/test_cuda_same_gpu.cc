@@ -1,5 +1,5 @@
 // braid's same-GPU collectives (Note [Same-GPU collectives] in
-// cuda/same_gpu.h) under the NcclExecutor, on the simulated device: ranks as
+// cuda/shared_gpu/same_gpu.h) under the NcclExecutor, on the simulated device: ranks as
 // threads, all on device 0, the IPC handles opened for real (memfds through
 // /proc, Note [Simulated IPC]). Every op and dtype against closed forms at 2
 // to 4 ranks with ops split into chunks, the reduce ops (fp16/bf16 rounded
@@ -21,8 +21,8 @@
 
 #include "common/error.h"
 #include "cuda/host_kernels.h"
-#include "cuda/same_gpu.h"
-#include "cuda/same_gpu_comm.h"
+#include "cuda/shared_gpu/same_gpu.h"
+#include "cuda/shared_gpu/same_gpu_comm.h"
 #include "nccl_sim_ranks.h"
 
 namespace braid {

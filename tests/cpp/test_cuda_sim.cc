@@ -1,4 +1,4 @@
-// The simulated device (csrc/cuda/sim_device.cc): CUDA's ordering rules on
+// The simulated device (tests/sim/device/sim_device.cc): CUDA's ordering rules on
 // the CPU, which the CUDA executors' tests rely on to fail where a GPU would.
 // Shared state between host functions and the test thread is atomic or
 // ordered by the device's own synchronization, so that the suite is TSan-clean.
@@ -18,7 +18,7 @@
 #include <vector>
 
 #include "common/error.h"
-#include "cuda/device_api.h"
+#include "sim/device/sim_device.h"
 
 namespace braid {
 namespace cuda {
@@ -27,7 +27,7 @@ namespace {
 using std::chrono::microseconds;
 using std::chrono::milliseconds;
 
-DeviceApi& dev() { return simulatedDevice(2); }
+SimulatedDevice& dev() { return simulatedDevice(2); }
 
 // Owns a stream or event for one test.
 struct StreamHolder {
@@ -403,7 +403,7 @@ TEST(CudaSim, StagedPatternWithThreadsAsRanks) {
   std::atomic<int> failures{0};
   for (int r = 0; r < kRanks; ++r) {
     ranks.emplace_back([&, r] {
-      DeviceApi& d = dev();
+      SimulatedDevice& d = dev();
       d.setDevice(r % 2);
       Stream caller = d.streamCreate(r % 2), comm = d.streamCreate(r % 2);
       Event start = d.eventCreate(r % 2), end = d.eventCreate(r % 2);

@@ -7,7 +7,7 @@
 
 #include <thread>
 
-#include "backend/process_group.h"
+#include "c10d/process_group.h"
 #include "torch_group.h"
 
 namespace {

@@ -1,5 +1,5 @@
 // One Work for a whole coalesced call (Note [Coalesced calls] in
-// backend/coalesced_work.h), ranks as threads over a HashStore. Runs on every
+// c10d/coalesced_work.h), ranks as threads over a HashStore. Runs on every
 // torch: on 1.13 the *_tensor_coalesced calls are plain members. Covers what
 // Python cannot reach (torch 2.x's dispatcher refuses empty lists before any
 // backend sees them) and an argument error in the middle of a call.
@@ -8,7 +8,7 @@
 
 #include <thread>
 
-#include "backend/process_group.h"
+#include "c10d/process_group.h"
 #include "torch_group.h"
 
 namespace {

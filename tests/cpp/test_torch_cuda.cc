@@ -1,7 +1,7 @@
 // The backend's CUDA path on the simulated device (Note [Simulated CUDA in
-// tests] in backend/sim_cuda.h), ranks as threads over a HashStore: both
+// tests] in tests/sim/torch/sim_cuda.h), ranks as threads over a HashStore: both
 // executors, chosen per group (Note [Choosing a CUDA executor]), with the
-// simulated NCCL (cuda/nccl_sim.h) standing in for NCCL. Rank r uses
+// simulated NCCL (tests/sim/nccl/nccl_sim.h) standing in for NCCL. Rank r uses
 // simulated device r, so NCCL can serve the group.
 #include <gtest/gtest.h>
 #include <c10/core/impl/VirtualGuardImpl.h>
@@ -10,11 +10,11 @@
 #include <cstdlib>
 #include <thread>
 
-#include "backend/compat.h"
-#include "backend/cuda_context.h"
-#include "backend/process_group.h"
-#include "backend/sim_cuda.h"
-#include "cuda/nccl_sim.h"
+#include "c10d/compat.h"
+#include "c10d/cuda/cuda_context.h"
+#include "c10d/process_group.h"
+#include "sim/torch/sim_cuda.h"
+#include "sim/nccl/nccl_sim.h"
 #include "reducer/ddp.h"
 #include "torch_group.h"
 
@@ -29,12 +29,18 @@ namespace {
 using PG = braid_test::PG;
 constexpr int kDevices = 4;
 
+// Every task of the group's comm streams from now on first sleeps `d`.
+void delayCommStreams(braid::ProcessGroupBraid& pg, std::chrono::microseconds d) {
+  for (braid::cuda::Stream s : pg.cudaContext()->commStreams())
+    braid::sim::device().setStreamDelay(s, d);
+}
+
 class CudaBackend : public ::testing::TestWithParam<const char*> {
  protected:
   static void SetUpTestSuite() {
-    braid::sim::install(kDevices);
-    static braid::cuda::SimulatedNccl nccl(braid::cuda::simulatedDevice());
-    braid::useSimulatedNccl(&nccl);
+    braid::sim::install(kDevices, &braid::setDeviceApiForTesting);
+    static braid::cuda::SimulatedNccl nccl(braid::sim::device());
+    braid::setNcclApiForTesting(&nccl);
   }
   void SetUp() override { setenv("BRAID_CUDA_EXECUTOR", GetParam(), 1); }
   void TearDown() override { unsetenv("BRAID_CUDA_EXECUTOR"); }
@@ -186,13 +192,13 @@ TEST_P(CudaBackend, NcclWaitOrdersTheStreamAndLeavesTheHostFree) {
     std::vector<at::Tensor> t{onDevice(at::zeros({count}), r)};
     pgs[r]->allreduce(t)->wait();  // the communicator exists from here
     braid::sim::write(t[0], at::full({count}, float(r + 1)));
-    pgs[r]->cudaContext()->setCommDelay(std::chrono::milliseconds(300));
+    delayCommStreams(*pgs[r], std::chrono::milliseconds(300));
     auto work = pgs[r]->allreduce(t);
     work->wait();
     // 300 ms of device time are still queued: a wait() that waited on the
     // host would have seen the op complete.
     EXPECT_FALSE(work->isCompleted()) << "rank " << r << ": wait() waited for the device";
-    pgs[r]->cudaContext()->setCommDelay(std::chrono::microseconds(0));
+    delayCommStreams(*pgs[r], std::chrono::microseconds(0));
     // Reading on the caller's stream waits for the op: its result is there.
     EXPECT_TRUE(braid::sim::read(t[0]).equal(at::full({count}, 3.f)));
     work->getFuture()->wait();

@@ -31,15 +31,15 @@
 #include <torch/csrc/distributed/c10d/HashStore.hpp>
 #include <vector>
 
-#include "backend/compat.h"
-#include "backend/init_from_env.h"
+#include "c10d/compat.h"
+#include "c10d/init_from_env.h"
 #include "common/error.h"
 #include "reducer/buckets.h"
 #include "reducer/ddp.h"
 #include "reducer/param_sync.h"
 
 #ifndef BRAID_TEST_NO_BRAID_PG
-#include "backend/process_group.h"
+#include "c10d/process_group.h"
 #endif
 
 namespace braid {

@@ -8,7 +8,7 @@
 #include <thread>
 #include <vector>
 
-#include "backend/process_group.h"
+#include "c10d/process_group.h"
 
 namespace braid_test {
 

@@ -3,7 +3,7 @@
 
 #include <iostream>
 
-#include "backend/process_group.h"
+#include "c10d/process_group.h"
 
 int main() {
   auto store = c10::make_intrusive<c10d::HashStore>();

@@ -22,8 +22,9 @@ import pytest
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import harness  # noqa: E402
 
-if harness.PYTHON_DIR not in sys.path:
-    sys.path.insert(0, harness.PYTHON_DIR)
+for _d in (harness.SIM_DIR, harness.PYTHON_DIR):
+    if _d not in sys.path:
+        sys.path.insert(0, _d)
 
 
 def pytest_addoption(parser):

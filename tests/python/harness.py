@@ -50,6 +50,8 @@ START_METHOD = os.environ.get("BRAID_TEST_START_METHOD", "spawn")
 START_TIMEOUT = float(os.environ.get("BRAID_TEST_START_TIMEOUT", "180"))
 REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 PYTHON_DIR = os.path.join(REPO, "python")
+# The test-only braid_sim package (the simulated CUDA device; built by tools/setup.sh).
+SIM_DIR = os.path.join(REPO, "tests", "sim", "python")
 
 
 # Functions returning lines for the session summary (conftest.py prints them).
@@ -272,8 +274,9 @@ def _send(conn, obj):
 def _worker(rank, n, cfg, conn):
     os.environ.update(cfg["env"])
     os.environ.update(cfg["rank_env"].get(rank, {}))
-    if PYTHON_DIR not in sys.path:  # the in-tree build of torch_braid
-        sys.path.insert(0, PYTHON_DIR)
+    for d in (SIM_DIR, PYTHON_DIR):  # the in-tree builds of torch_braid and braid_sim
+        if d not in sys.path:
+            sys.path.insert(0, d)
     trace = open(os.path.join(cfg["dir"], f"stack.{rank}"), "w")
     faulthandler.register(signal.SIGUSR1, file=trace, all_threads=True)
     faulthandler.enable(file=trace, all_threads=True)  # fatal signals leave a stack too
@@ -416,7 +419,8 @@ class World:
         port = self._store.port
         env = dict(env or {})
         env.setdefault("OMP_NUM_THREADS", "1")
-        env.setdefault("PYTHONPATH", PYTHON_DIR + os.pathsep + os.environ.get("PYTHONPATH", ""))
+        env.setdefault("PYTHONPATH", os.pathsep.join([PYTHON_DIR, SIM_DIR,
+                                                     os.environ.get("PYTHONPATH", "")]))
         cfg = dict(backend=self.backend, init=init, port=port, pg_timeout=pg_timeout, env=env,
                    rank_env=rank_env or {}, dir=self._dir, fast_exit=fast_exit)
         mp = multiprocessing.get_context(START_METHOD)

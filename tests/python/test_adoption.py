@@ -1,5 +1,5 @@
 """Buffers moved into registered memory (Note [Adopting a repeated buffer] in
-csrc/backend/buffer_adoption.h), which BRAID_ADOPT_BUFFERS=1 turns on: each test makes a group
+csrc/c10d/buffer_adoption.h), which BRAID_ADOPT_BUFFERS=1 turns on: each test makes a group
 with it set.
 
 A CPU buffer that a braid group allreduces for the third time, that the CPU allocator owns,

@@ -1,4 +1,4 @@
-"""Coalescing windows (torch 2.x): Note [Coalescing] in csrc/backend/coalesced_work.h.
+"""Coalescing windows (torch 2.x): Note [Coalescing] in csrc/c10d/coalesced_work.h.
 
 torch's _coalescing_manager with a device, batch_isend_irecv (which coalesces
 when the backend says it supports it) and the backend's own start/end pair:

@@ -1,7 +1,7 @@
 """DDP training on CUDA tensors, checked against the same training on CPU.
 
-Without a GPU (CI), each rank installs braid's simulated device (torch_braid._sim_cuda;
-Note [ATen on the simulated device] in csrc/backend/sim_aten.cc): the model, its
+Without a GPU (CI), each rank installs braid's simulated device (braid_sim;
+Note [ATen on the simulated device] in tests/sim/torch/sim_aten.cc): the model, its
 gradients and its buckets are "CUDA" tensors, ATen runs their CPU kernels in the order
 of the current simulated stream, and braid's CUDA path reduces the buckets. The same
 model, data and group trained on CPU tensors must then end with the same parameters
@@ -15,7 +15,7 @@ rank r on GPU r % count, and compare within 1e-4 relative (the GPU's kernels sum
 their own order; TF32 is off for these matmuls by torch's default).
 
 Backward over CUDA tensors needs torch's CUDA hooks to answer for the device (Note
-[The simulated device as torch's accelerator] in csrc/backend/sim_hooks.cc).
+[The simulated device as torch's accelerator] in tests/sim/torch/sim_hooks.cc).
 """
 
 import pytest
@@ -34,9 +34,9 @@ def _devices(ctx, gpus):
     torch = ctx.torch
     if torch.version.cuda and torch.cuda.is_available():
         return torch.cuda.device_count(), True
-    import torch_braid._sim_cuda
+    import braid_sim
 
-    torch_braid._sim_cuda.install(gpus)
+    braid_sim.install(gpus)
     return gpus, False
 
 

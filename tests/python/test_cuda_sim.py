@@ -1,10 +1,10 @@
 """CUDA tensors on braid's simulated device (Note [Simulated CUDA in tests]).
 
-Each rank registers braid's simulated CUDA device (torch_braid._C._sim_cuda_install)
+Each rank registers braid's simulated CUDA device (braid_sim.install)
 in its own process: "CUDA" tensors live in host memory, streams are threads, and
 braid's real CUDA path runs, with CUDA's ordering rules (Note [The staged CUDA
-executor] in csrc/backend/cuda_op.h). Rank r uses device r % 2. Data goes in and out
-through _sim_write/_sim_read, in the order of the current stream, as a user's kernels
+executor] in csrc/c10d/cuda/cuda_op.h). Rank r uses device r % 2. Data goes in and out
+through braid_sim.write/read, in the order of the current stream, as a user's kernels
 would. Results are checked against the harness's closed forms.
 
 Ordering: test_waits_for_the_callers_stream fails if braid's comm stream does not
@@ -27,26 +27,25 @@ SIM_DEVICES = 2
 
 
 def _sim(ctx):
-    import torch_braid
-    import torch_braid._sim_cuda
+    import braid_sim
 
-    torch_braid._sim_cuda.install(SIM_DEVICES)
-    return torch_braid._C
+    braid_sim.install(SIM_DEVICES)
+    return braid_sim
 
 
 def _dev(ctx):
     return ctx.rank % SIM_DEVICES
 
 
-def _to_dev(C, t, device):
-    d = C._sim_empty(list(t.shape), t.dtype, device)
-    C._sim_write(d, t)
+def _to_dev(sim, t, device):
+    d = sim.empty(list(t.shape), t.dtype, device)
+    sim.write(d, t)
     return d
 
 
 def _collectives(ctx, dtype_name, counts):
     torch, dist = ctx.torch, ctx.dist
-    C = _sim(ctx)
+    sim = _sim(ctx)
     ch = H.Checker(ctx)
     dtype = getattr(torch, dtype_name)
     dev, n, r = _dev(ctx), ctx.size, ctx.rank
@@ -57,60 +56,60 @@ def _collectives(ctx, dtype_name, counts):
             what = f"all_reduce {dtype_name} {op} count={count}"
             base = "SUM" if op in ("AVG", "PREMUL_SUM") else op
             inputs = [H.make_input(q, count, dtype, base) for q in range(n)]
-            t = _to_dev(C, inputs[r], dev)
+            t = _to_dev(sim, inputs[r], dev)
             work = dist.all_reduce(t, op=H.reduce_op(op), async_op=True)
             work.wait()
-            ch.reduced(what, C._sim_read(t), H.closed_form(inputs, op, n), op)
+            ch.reduced(what, sim.read(t), H.closed_form(inputs, op, n), op)
         # broadcast from every root
         for root in range(n):
-            t = _to_dev(C, H.pattern(r, 0, count, dtype), dev)
+            t = _to_dev(sim, H.pattern(r, 0, count, dtype), dev)
             dist.broadcast(t, src=root)
-            ch.equal(f"broadcast root={root} count={count}", C._sim_read(t),
+            ch.equal(f"broadcast root={root} count={count}", sim.read(t),
                      H.pattern(root, 0, count, dtype))
         # reduce to rank n-1
         inputs = [H.make_input(q, count, dtype, "SUM", salt=3) for q in range(n)]
-        t = _to_dev(C, inputs[r], dev)
+        t = _to_dev(sim, inputs[r], dev)
         dist.reduce(t, dst=n - 1)
         if r == n - 1:
-            ch.equal(f"reduce count={count}", C._sim_read(t), H.closed_form(inputs, "SUM", n))
+            ch.equal(f"reduce count={count}", sim.read(t), H.closed_form(inputs, "SUM", n))
         # allgather, list and flat forms
-        src = _to_dev(C, H.pattern(r, 1, count, dtype), dev)
-        outs = [C._sim_empty([count], dtype, dev) for _ in range(n)]
+        src = _to_dev(sim, H.pattern(r, 1, count, dtype), dev)
+        outs = [sim.empty([count], dtype, dev) for _ in range(n)]
         dist.all_gather(outs, src)
         for q in range(n):
-            ch.equal(f"all_gather[{q}] count={count}", C._sim_read(outs[q]),
+            ch.equal(f"all_gather[{q}] count={count}", sim.read(outs[q]),
                      H.pattern(q, 1, count, dtype))
-        flat = C._sim_empty([n * count], dtype, dev)
+        flat = sim.empty([n * count], dtype, dev)
         dist.all_gather_into_tensor(flat, src)
-        ch.equal(f"all_gather_into_tensor count={count}", C._sim_read(flat),
+        ch.equal(f"all_gather_into_tensor count={count}", sim.read(flat),
                  torch.cat([H.pattern(q, 1, count, dtype) for q in range(n)]))
         # reduce_scatter, flat form
         if dtype != torch.bool:
             full = [H.make_input(q, n * count, dtype, "SUM", salt=5) for q in range(n)]
-            inp = _to_dev(C, full[r], dev)
-            out = C._sim_empty([count], dtype, dev)
+            inp = _to_dev(sim, full[r], dev)
+            out = sim.empty([count], dtype, dev)
             dist.reduce_scatter_tensor(out, inp)
-            ch.equal(f"reduce_scatter_tensor count={count}", C._sim_read(out),
+            ch.equal(f"reduce_scatter_tensor count={count}", sim.read(out),
                      H.closed_form(full, "SUM", n)[r * count:(r + 1) * count])
         # alltoall, flat form: block q of rank r's input goes to rank q
-        inp = _to_dev(C, torch.cat([H.pattern(r, q, count, dtype) for q in range(n)]), dev)
-        out = C._sim_empty([n * count], dtype, dev)
+        inp = _to_dev(sim, torch.cat([H.pattern(r, q, count, dtype) for q in range(n)]), dev)
+        out = sim.empty([n * count], dtype, dev)
         dist.all_to_all_single(out, inp)
-        ch.equal(f"all_to_all_single count={count}", C._sim_read(out),
+        ch.equal(f"all_to_all_single count={count}", sim.read(out),
                  torch.cat([H.pattern(q, r, count, dtype) for q in range(n)]))
         # gather and scatter at root 0
-        src = _to_dev(C, H.pattern(r, 2, count, dtype), dev)
-        glist = [C._sim_empty([count], dtype, dev) for _ in range(n)] if r == 0 else None
+        src = _to_dev(sim, H.pattern(r, 2, count, dtype), dev)
+        glist = [sim.empty([count], dtype, dev) for _ in range(n)] if r == 0 else None
         dist.gather(src, glist, dst=0)
         if r == 0:
             for q in range(n):
-                ch.equal(f"gather[{q}] count={count}", C._sim_read(glist[q]),
+                ch.equal(f"gather[{q}] count={count}", sim.read(glist[q]),
                          H.pattern(q, 2, count, dtype))
-        slist = ([_to_dev(C, H.pattern(q, 3, count, dtype), dev) for q in range(n)]
+        slist = ([_to_dev(sim, H.pattern(q, 3, count, dtype), dev) for q in range(n)]
                  if r == 0 else None)
-        out = C._sim_empty([count], dtype, dev)
+        out = sim.empty([count], dtype, dev)
         dist.scatter(out, slist, src=0)
-        ch.equal(f"scatter count={count}", C._sim_read(out), H.pattern(r, 3, count, dtype))
+        ch.equal(f"scatter count={count}", sim.read(out), H.pattern(r, 3, count, dtype))
     return ch.report()
 
 
@@ -125,16 +124,16 @@ def test_collectives(world, dtype):
 
 def _send_recv(ctx, count):
     torch, dist = ctx.torch, ctx.dist
-    C = _sim(ctx)
+    sim = _sim(ctx)
     ch = H.Checker(ctx)
     dev, n, r = _dev(ctx), ctx.size, ctx.rank
     # A ring: each rank sends to the next and receives from the previous.
-    send = _to_dev(C, H.pattern(r, 9, count, torch.float32), dev)
-    recv = C._sim_empty([count], torch.float32, dev)
+    send = _to_dev(sim, H.pattern(r, 9, count, torch.float32), dev)
+    recv = sim.empty([count], torch.float32, dev)
     reqs = [dist.isend(send, (r + 1) % n), dist.irecv(recv, (r - 1) % n)]
     for q in reqs:
         q.wait()
-    ch.equal(f"send/recv count={count}", C._sim_read(recv), H.pattern((r - 1) % n, 9, count,
+    ch.equal(f"send/recv count={count}", sim.read(recv), H.pattern((r - 1) % n, 9, count,
                                                                          torch.float32))
     return ch.report()
 
@@ -147,19 +146,19 @@ def test_send_recv(world):
 
 def _waits_for_callers_stream(ctx, count):
     torch, dist = ctx.torch, ctx.dist
-    C = _sim(ctx)
+    sim = _sim(ctx)
     ch = H.Checker(ctx)
     dev, n, r = _dev(ctx), ctx.size, ctx.rank
-    t = _to_dev(C, torch.zeros(count), dev)
+    t = _to_dev(sim, torch.zeros(count), dev)
     dist.all_reduce(t)  # the group's CUDA state exists from here
     # The caller's stream is slow: the new input lands 50 ms after it was
     # enqueued. An executor that copies the input without waiting on the
     # caller's stream reads the zeros.
-    C._sim_delay_current_stream(dev, 50_000)
-    C._sim_write(t, torch.full((count,), float(r + 1)))
-    C._sim_delay_current_stream(dev, 0)
+    sim.delay_current_stream(dev, 50_000)
+    sim.write(t, torch.full((count,), float(r + 1)))
+    sim.delay_current_stream(dev, 0)
     dist.all_reduce(t)
-    ch.equal("all_reduce after a slow write on the caller's stream", C._sim_read(t),
+    ch.equal("all_reduce after a slow write on the caller's stream", sim.read(t),
              torch.full((count,), float(n * (n + 1) // 2)))
     return ch.report()
 
@@ -171,16 +170,16 @@ def test_waits_for_the_callers_stream(world):
 
 def _result_visible(ctx, count, use_future):
     torch, dist = ctx.torch, ctx.dist
-    C = _sim(ctx)
+    sim = _sim(ctx)
     ch = H.Checker(ctx)
     dev, n, r = _dev(ctx), ctx.size, ctx.rank
-    t = _to_dev(C, torch.full((count,), float(r + 1)), dev)
+    t = _to_dev(sim, torch.full((count,), float(r + 1)), dev)
     dist.all_reduce(t)  # makes the group's CUDA state, then slow it down
     group = dist.distributed_c10d._get_default_group()
     # torch 2.x: the group holds braid per device; 1.13: the group is braid.
     backend = group._get_backend(torch.device("cuda", dev)) if ctx.torch2 else group
-    C._sim_delay_comm_stream(backend, 30_000)
-    C._sim_write(t, torch.full((count,), float(r + 1)))
+    sim.delay_comm_stream(backend, 30_000)
+    sim.write(t, torch.full((count,), float(r + 1)))
     work = dist.all_reduce(t, async_op=True)
     if use_future:
         value = work.get_future().wait()
@@ -189,9 +188,9 @@ def _result_visible(ctx, count, use_future):
     else:
         work.wait()
     # Read on the caller's stream right away: the result must be there.
-    ch.equal("result on the caller's stream after wait()", C._sim_read(t),
+    ch.equal("result on the caller's stream after wait()", sim.read(t),
              torch.full((count,), float(n * (n + 1) // 2)))
-    C._sim_delay_comm_stream(backend, 0)
+    sim.delay_comm_stream(backend, 0)
     return ch.report()
 
 
@@ -203,10 +202,10 @@ def test_result_visible_on_the_callers_stream(world, use_future):
 
 def _bad_input(ctx):
     torch, dist = ctx.torch, ctx.dist
-    C = _sim(ctx)
+    sim = _sim(ctx)
     ch = H.Checker(ctx)
     dev, r = _dev(ctx), ctx.rank
-    t = C._sim_empty([8], torch.float32, dev)
+    t = sim.empty([8], torch.float32, dev)
     dist.all_reduce(t)  # binds the group to cuda:dev
 
     def error_of(fn):
@@ -216,7 +215,7 @@ def _bad_input(ctx):
             return str(e)
         return ""
 
-    other = C._sim_empty([8], torch.float32, (dev + 1) % SIM_DEVICES)
+    other = sim.empty([8], torch.float32, (dev + 1) % SIM_DEVICES)
     msg = error_of(lambda: dist.all_reduce(other))
     ch.true("another device is refused", f"rank {r}" in msg and f"cuda:{dev}" in msg
             and f"cuda:{(dev + 1) % SIM_DEVICES}" in msg, msg)
@@ -224,14 +223,14 @@ def _bad_input(ctx):
     msg = error_of(lambda: dist.all_gather_into_tensor(out, t))
     ch.true("CPU and CUDA mixed in one call are refused", "one device" in msg and "cpu" in msg
             and f"cuda:{dev}" in msg and "all" in msg, msg)
-    strided = C._sim_empty([4, 4], torch.float32, dev, [1, 4])  # a transpose's layout
+    strided = sim.empty([4, 4], torch.float32, dev, [1, 4])  # a transpose's layout
     msg = error_of(lambda: dist.all_reduce(strided))
     ch.true("a non-contiguous CUDA tensor is refused", "contiguous" in msg and f"rank {r}" in msg,
             msg)
     # The group still works: the refused calls told the peers (poison headers).
-    t2 = _to_dev(C, torch.ones(8), dev)
+    t2 = _to_dev(sim, torch.ones(8), dev)
     dist.all_reduce(t2)
-    ch.equal("the group works after refused calls", C._sim_read(t2),
+    ch.equal("the group works after refused calls", sim.read(t2),
              torch.full((8,), float(ctx.size)))
     return ch.report()
 
@@ -243,19 +242,19 @@ def test_bad_input_names_op_rank_and_devices(world):
 
 def _cpu_and_cuda_side_by_side(ctx):
     torch, dist = ctx.torch, ctx.dist
-    C = _sim(ctx)
+    sim = _sim(ctx)
     ch = H.Checker(ctx)
     dev, n, r = _dev(ctx), ctx.size, ctx.rank
     works = []
     for i in range(6):
         if i % 2:
-            t = _to_dev(C, torch.full((100,), float(r + i)), dev)
+            t = _to_dev(sim, torch.full((100,), float(r + i)), dev)
         else:
             t = torch.full((100,), float(r + i))
         works.append((t, dist.all_reduce(t, async_op=True), i))
     for t, w, i in works:
         w.wait()
-        got = C._sim_read(t) if t.is_cuda else t
+        got = sim.read(t) if t.is_cuda else t
         ch.equal(f"op {i} ({t.device})", got,
                  torch.full((100,), float(n * (n - 1) // 2 + n * i)))
     return ch.report()
@@ -268,27 +267,27 @@ def test_cpu_and_cuda_ops_in_one_group(world):
 
 def _coalesced(ctx):
     torch, dist = ctx.torch, ctx.dist
-    C = _sim(ctx)
+    sim = _sim(ctx)
     ch = H.Checker(ctx)
     dev, n, r = _dev(ctx), ctx.size, ctx.rank
     # The list forms pack on the worker, where the CUDA values have reached their shadows.
     counts = (0, 1, 1023)
-    ins = [_to_dev(C, H.pattern(r, k, c, torch.float32), dev) for k, c in enumerate(counts)]
-    outs = [[C._sim_empty([c], torch.float32, dev) for c in counts] for _ in range(n)]
+    ins = [_to_dev(sim, H.pattern(r, k, c, torch.float32), dev) for k, c in enumerate(counts)]
+    outs = [[sim.empty([c], torch.float32, dev) for c in counts] for _ in range(n)]
     dist.all_gather_coalesced(outs, ins)
     for q in range(n):
         for k, c in enumerate(counts):
-            ch.equal(f"all_gather_coalesced[{q}][{k}]", C._sim_read(outs[q][k]),
+            ch.equal(f"all_gather_coalesced[{q}][{k}]", sim.read(outs[q][k]),
                      H.pattern(q, k, c, torch.float32))
     if hasattr(dist, "all_reduce_coalesced"):
-        ts = [_to_dev(C, torch.full((c,), float(r + 1)), dev) for c in counts]
+        ts = [_to_dev(sim, torch.full((c,), float(r + 1)), dev) for c in counts]
         try:
             dist.all_reduce_coalesced(ts)
         except RuntimeError as e:  # a torch without the entry point's kernel
             ch.true("all_reduce_coalesced", "not" in str(e), str(e))
         else:
             for k, c in enumerate(counts):
-                ch.equal(f"all_reduce_coalesced[{k}]", C._sim_read(ts[k]),
+                ch.equal(f"all_reduce_coalesced[{k}]", sim.read(ts[k]),
                          torch.full((c,), float(n * (n + 1) // 2)))
     return ch.report()
 

@@ -2,7 +2,7 @@
 
 Every rank installs a simulated device with one GPU, so all ranks share it and the
 group runs braid's same-GPU collectives (Note [Same-GPU collectives] in
-csrc/cuda/same_gpu.h): each rank's device buffer and event are opened by every other
+csrc/cuda/shared_gpu/same_gpu.h): each rank's device buffer and event are opened by every other
 process (memfds through /proc, Note [Simulated IPC]), the barriers order the ranks'
 streams through interprocess events, and the reductions read the peers' memory
 directly. Results are checked against the harness's closed forms, with the buffer made
@@ -24,9 +24,9 @@ HALF = 4096  # BRAID_CUDA_SAME_GPU_BYTES / 2 in these groups: several chunks per
 def _group(ctx):
     """A new group whose CUDA ops run the same-GPU collectives (the setting is read
     when the group's communicator is made)."""
-    import torch_braid._sim_cuda
+    import braid_sim
 
-    torch_braid._sim_cuda.install(1)
+    braid_sim.install(1)
     os.environ["BRAID_CUDA_SAME_GPU_BYTES"] = str(2 * HALF)
     group = ctx.dist.new_group(list(range(ctx.size)))
     t = ctx.torch.zeros(1, device="cuda:0")
@@ -86,7 +86,7 @@ def test_collectives(world, dtype):
 
 def _gather_scatter_alltoall(ctx, dtype_name, counts):
     """gather, scatter and all_to_all_single (no split sizes) through the same-GPU
-    executor (Note [Same-GPU gather, scatter and alltoall] in csrc/cuda/same_gpu.cc):
+    executor (Note [Same-GPU gather, scatter and alltoall] in csrc/cuda/shared_gpu/same_gpu.cc):
     its op counter moves by one per op, which the staged path never touches; the
     uneven all_to_all_single that follows does not move it and still comes out right
     beside them."""
@@ -197,7 +197,7 @@ def _small_group(ctx, small):
 def _small_messages(ctx, dtype_name):
     """Every reduce op of all_reduce, and reduce, at counts 0, 1, odd, and just below,
     at and just above the small-message threshold (Note [Same-GPU small messages] in
-    csrc/cuda/same_gpu.h: one barrier and one kernel at or below it, the chunked path
+    csrc/cuda/shared_gpu/same_gpu.h: one barrier and one kernel at or below it, the chunked path
     above it), against closed forms."""
     torch, dist = ctx.torch, ctx.dist
     group, executor = _small_group(ctx, SMALL)

@@ -234,7 +234,7 @@ def check_case(n, family, fault, res):
         problems.append(f"the victim's callback ran on the {t0.get('thread')} thread, not braid's")
     if fault == "cbhang" and family in VICTIM_RAISES:
         # Only a callback hangs: the victim's next op must not wait for ever
-        # (Note [A job that cannot start] in csrc/backend/engine.h).
+        # (Note [A job that cannot start] in csrc/engine/engine.h).
         got = res["caught"][victim]
         if got is None:
             problems.append(f"victim rank {victim}: its op after the hung callback never raised")

@@ -4,7 +4,7 @@ device]; rank r uses cuda:r % 2).
 
 Each case runs a hook on a CPU bucket and, with a fresh state and the same
 inputs, on a simulated CUDA bucket: the CUDA path (Note [Hooks on CUDA buckets]
-in csrc/hooks/comm_hooks.h) is ATen ops in stream order, the CPU path the fused
+in csrc/hooks/comm_hook.h) is ATen ops in stream order, the CPU path the fused
 loops. Both are checked against the closed forms of test_hooks.py and against
 each other. The simulated device runs every ATen op through its CPU kernel, so
 where the CUDA path repeats the CPU loop's arithmetic op by op (allreduce, the
@@ -34,9 +34,9 @@ PSGD_RTOL, PSGD_ATOL = 1e-4, 1e-5
 
 
 def _cuda(ctx):
-    import torch_braid._sim_cuda
+    import braid_sim
 
-    torch_braid._sim_cuda.install(SIM_DEVICES)
+    braid_sim.install(SIM_DEVICES)
     return ctx.torch.device("cuda", ctx.rank % SIM_DEVICES)
 
 
@@ -268,7 +268,6 @@ def _slow_streams(ctx):
     copies back to the device. (The simulation cannot catch a host loop over
     device memory: any ATen op on the device, an allocation included, first
     drains the stream on the host.)"""
-    import torch_braid
     import torch_braid.hooks as hooks
 
     torch, dist = ctx.torch, ctx.dist
@@ -283,7 +282,7 @@ def _slow_streams(ctx):
              ("int8", lambda: hooks.int8_state(chunk_size=32), hooks.int8_compress),
              ("powersgd", T._full_rank_powersgd, hooks.powersgd)]
     want = {name: _run(fn, make(), xs[ctx.rank].clone(), shapes) for name, make, fn in cases}
-    C = torch_braid._C
+    import braid_sim
 
     def check(name, got):
         ok = (torch.equal(got, want[name]) if name != "powersgd" else
@@ -292,16 +291,16 @@ def _slow_streams(ctx):
 
     for name, make, fn in cases:
         buf = torch.zeros(xs[ctx.rank].numel(), device=dev)
-        C._sim_delay_current_stream(dev.index, 20_000)
-        C._sim_write(buf, xs[ctx.rank])
-        C._sim_delay_current_stream(dev.index, 0)
+        braid_sim.delay_current_stream(dev.index, 20_000)
+        braid_sim.write(buf, xs[ctx.rank])
+        braid_sim.delay_current_stream(dev.index, 0)
         check(name, _run(fn, make(), buf, shapes))
-    C._sim_delay_comm_stream(backend, 20_000)
+    braid_sim.delay_comm_stream(backend, 20_000)
     try:
         for name, make, fn in cases:
             check(name, _run(fn, make(), xs[ctx.rank].to(dev, copy=True), shapes))
     finally:
-        C._sim_delay_comm_stream(backend, 0)
+        braid_sim.delay_comm_stream(backend, 0)
 
 
 # ---- DDP on the simulated device -------------------------------------------------

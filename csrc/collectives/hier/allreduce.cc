@@ -10,7 +10,7 @@
 #include "collectives/hier/stages.h"
 #include "collectives/net/collectives.h"
 #include "common/error.h"
-#include "reduce/reduce.h"
+#include "math/reduce.h"
 
 namespace braid {
 namespace collectives {

@@ -7,7 +7,7 @@
 #include "collectives/hier/pipeline.h"
 #include "collectives/hier/stages.h"
 #include "collectives/net/collectives.h"
-#include "reduce/reduce.h"
+#include "math/reduce.h"
 
 namespace braid {
 namespace collectives {

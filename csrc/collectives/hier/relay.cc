@@ -56,7 +56,7 @@
 #include "collectives/hier/stages.h"
 #include "collectives/reduce_share.h"
 #include "common/error.h"
-#include "reduce/reduce.h"
+#include "math/reduce.h"
 
 namespace braid {
 namespace collectives {

@@ -3,7 +3,7 @@
 
 #include "collectives/net/collectives.h"
 #include "collectives/net/ring.h"
-#include "reduce/reduce.h"
+#include "math/reduce.h"
 
 namespace braid {
 namespace collectives {

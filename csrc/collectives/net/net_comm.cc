@@ -7,7 +7,7 @@
 #include "common/settings.h"
 #include "collectives/op_header.h"
 #include "collectives/reduce_share.h"
-#include "reduce/reduce.h"
+#include "math/reduce.h"
 
 namespace braid {
 namespace collectives {

@@ -3,8 +3,8 @@
 #include <algorithm>
 
 #include "collectives/reduce_share.h"
-#include "reduce/half.h"
-#include "reduce/reduce.h"
+#include "math/half.h"
+#include "math/reduce.h"
 
 namespace braid {
 namespace collectives {

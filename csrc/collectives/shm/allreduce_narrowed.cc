@@ -4,8 +4,8 @@
 
 #include "collectives/shm/collectives.h"
 #include "common/error.h"
-#include "reduce/cast.h"
-#include "reduce/reduce.h"
+#include "math/cast.h"
+#include "math/reduce.h"
 
 namespace braid {
 namespace collectives {

@@ -65,7 +65,7 @@ struct OpDesc {
   DataType wire = DataType::kFloat32;
   float wireDivisor = 0.f;
   bool narrowed() const { return wireDivisor > 0.f; }
-  // Note [Adopting a repeated buffer] (backend/buffer_adoption.h): this rank
+  // Note [Adopting a repeated buffer] (c10d/buffer_adoption.h): this rank
   // offers to move the op's buffer into registered memory after the op. Not
   // compared between ranks: the buffer moves only where every rank offered
   // (Communicator::everyRankOffered).

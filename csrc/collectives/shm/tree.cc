@@ -6,8 +6,8 @@
 
 #include "collectives/reduce_share.h"
 #include "common/error.h"
-#include "reduce/cast.h"
-#include "reduce/reduce.h"
+#include "math/cast.h"
+#include "math/reduce.h"
 
 namespace braid {
 namespace collectives {

@@ -35,13 +35,13 @@
 // Order and rounding. Rank r combines, in this fixed order, its own input,
 // then its children's partials in rank order: partial(r) = in(r) op
 // partial(4r+1) op ... op partial(4r+4), left to right, with the kernels of
-// reduce/reduce.h. The result is computed once, by the root, and every rank
+// math/reduce.h. The result is computed once, by the root, and every rank
 // copies the same bytes: every rank gets the same bits, whatever the timing.
 // Integers (wrap-around), bool, MIN and MAX give exactly the flat path's
 // result. Float SUM and PRODUCT group the terms differently from the flat
 // path (in(0) op in(1) op ... op in(n-1)), so their last bits may differ
 // from it, though not between ranks or runs. float16 and bfloat16 keep the
-// flat path's rule (Note [Reduced-precision accumulation] in reduce/reduce.h):
+// flat path's rule (Note [Reduced-precision accumulation] in math/reduce.h):
 // partials travel as float32 (twice the bytes, hence half a slot at most),
 // inputs are widened once, everything is combined in float32, and the root
 // rounds once to the 16-bit type; AVG then divides that rounded sum as the

@@ -1,7 +1,7 @@
 // Memory that other processes on the host can map: a memfd, named by a small
 // handle. Used for registered buffers (Note [Registered buffers] in
 // collectives/shm/registered.h) and by the simulated device's CUDA IPC (Note
-// [Simulated IPC] in cuda/sim_ipc.h).
+// [Simulated IPC] in tests/sim/device/sim_ipc.h).
 //
 // Note [Shared regions]
 // - A region is a memfd, mapped by its creator; its handle names the

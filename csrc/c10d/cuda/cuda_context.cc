@@ -1,0 +1,323 @@
+#include "c10d/cuda/cuda_context.h"
+
+#include <c10/core/impl/VirtualGuardImpl.h>
+
+#include <thread>
+
+#include "common/error.h"
+#include "common/logging.h"
+#include "common/settings.h"
+#include "cuda/shared_gpu/multi_gpu.h"
+#include "cuda/nccl/nccl_api.h"
+#include "cuda/nccl/nccl_executor.h"
+#include "cuda/shared_gpu/same_gpu.h"
+
+namespace braid {
+
+BRAID_SETTING_INT(kStagingBytes, "BRAID_CUDA_STAGING_BYTES", int64_t{1} << 30,
+                  "Most bytes of idle pinned host memory a group keeps for staging CUDA tensors "
+                  "(Note [Staging memory]); blocks beyond it are freed after use.");
+
+namespace {
+std::atomic<cuda::DeviceApi*> gTestingDevice{nullptr};
+std::atomic<cuda::NcclApi*> gTestingNccl{nullptr};
+
+size_t roundUp(size_t bytes) {
+  size_t cap = 4096;
+  while (cap < bytes) cap <<= 1;
+  return cap;
+}
+
+c10::Stream poolStreamOf(c10::Device device) {
+  c10::impl::VirtualGuardImpl impl(c10::DeviceType::CUDA);
+  return impl.getStreamFromGlobalPool(device, /*isHighPriority=*/false);
+}
+}  // namespace
+
+cuda::DeviceApi& cudaApi() {
+  if (auto* api = gTestingDevice.load(std::memory_order_acquire)) return *api;
+  return cuda::cudaRuntime();
+}
+
+void setDeviceApiForTesting(cuda::DeviceApi* api) {
+  gTestingDevice.store(api, std::memory_order_release);
+}
+
+void setNcclApiForTesting(cuda::NcclApi* nccl) {
+  gTestingNccl.store(nccl, std::memory_order_release);
+}
+
+namespace {
+// The NCCL that pairs with `api`, or null (and why) when there is none: a
+// device set for testing never runs the real NCCL.
+cuda::NcclApi* ncclFor(cuda::DeviceApi& api, std::string* why) {
+  if (&api == gTestingDevice.load(std::memory_order_acquire)) {
+    cuda::NcclApi* nccl = gTestingNccl.load(std::memory_order_acquire);
+    if (!nccl) *why = strCat("the device set for testing (", api.name(), ") has no NCCL");
+    return nccl;
+  }
+  try {
+    cuda::NcclApi& lib = cuda::ncclLibrary();
+    lib.version();
+    return &lib;
+  } catch (const std::exception& e) {
+    *why = e.what();
+    return nullptr;
+  }
+}
+}  // namespace
+
+PinnedPool::PinnedPool(cuda::DeviceApi& api, size_t idleLimit) : api_(api), idleLimit_(idleLimit) {}
+
+PinnedPool::~PinnedPool() {
+  for (auto& kv : idle_) api_.hostFree(kv.second);
+}
+
+void* PinnedPool::acquire(size_t bytes, size_t* capacity) {
+  const size_t cap = roundUp(bytes);
+  *capacity = cap;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    auto it = idle_.find(cap);
+    if (it != idle_.end()) {
+      void* p = it->second;
+      idle_.erase(it);
+      idleBytes_ -= cap;
+      return p;
+    }
+  }
+  return api_.hostAlloc(cap);
+}
+
+void PinnedPool::release(void* p, size_t capacity) {
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    if (idleBytes_ + capacity <= idleLimit_) {
+      idle_.emplace(capacity, p);
+      idleBytes_ += capacity;
+      return;
+    }
+  }
+  api_.hostFree(p);
+}
+
+CudaContext::CudaContext(const CudaGroupInfo& group, c10::Device device)
+    : group_(group),
+      rank_(group.rank),
+      device_(device),
+      api_(cudaApi()),
+      futureStream_(poolStreamOf(device)) {
+  BRAID_ENFORCE(device.index() >= 0 && device.index() < api_.deviceCount(), "cuda", rank_,
+                "device ", device.str(), " does not exist (", api_.deviceCount(),
+                " CUDA devices on ", api_.name(), ")");
+  comm_ = api_.streamCreate(device.index());
+  pinned_ = std::make_shared<PinnedPool>(api_, static_cast<size_t>(kStagingBytes.get()));
+}
+
+CudaContext::~CudaContext() {
+  shutdownNccl(false);
+  // Nothing may still read or write memory that is about to go: the comm
+  // stream drains (each op on it ended by its deadline or failed), then the
+  // kept tensors and pinned blocks are dropped.
+  try {
+    api_.streamSynchronize(comm_);
+  } catch (...) {
+    // A sticky device error: the memory is the runtime's to reclaim now.
+  }
+  {
+    std::lock_guard<std::mutex> lock(retiredMu_);
+    retired_.clear();
+  }
+  try {
+    api_.streamDestroy(comm_);
+  } catch (...) {
+  }
+  std::lock_guard<std::mutex> lock(eventsMu_);
+  for (void* e : idleEvents_) {
+    try {
+      api_.eventDestroy(e);
+    } catch (...) {
+    }
+  }
+}
+
+PooledEvent CudaContext::event() {
+  void* ev = nullptr;
+  {
+    std::lock_guard<std::mutex> lock(eventsMu_);
+    if (!idleEvents_.empty()) {
+      ev = idleEvents_.back();
+      idleEvents_.pop_back();
+    }
+  }
+  if (!ev) ev = api_.eventCreate(device_.index());
+  std::weak_ptr<CudaContext> self = weak_from_this();
+  cuda::DeviceApi* api = &api_;
+  return PooledEvent(ev, [self, api](void* e) {
+    if (auto ctx = self.lock()) {
+      // (A context being destroyed can no longer be locked.)
+      std::lock_guard<std::mutex> lock(ctx->eventsMu_);
+      ctx->idleEvents_.push_back(e);
+      return;
+    }
+    try {
+      api->eventDestroy(e);
+    } catch (...) {
+    }
+  });
+}
+
+PooledEvent CudaContext::recordOnCurrentStream(const char* op) {
+  PooledEvent ev = event();
+  // The c10 guard records our own event on the current stream: in every
+  // torch, CUDA's guard takes a non-null event as the cudaEvent_t to record
+  // (Note [The device seam] in cuda/device_api.h).
+  c10::impl::VirtualGuardImpl impl(c10::DeviceType::CUDA);
+  void* raw = ev.get();
+  impl.record(&raw, impl.getStream(device_), device_.index(), c10::EventFlag::PYTORCH_DEFAULT);
+  BRAID_ENFORCE(raw == ev.get(), op, rank_, "the CUDA guard recorded a different event than braid's");
+  return ev;
+}
+
+at::Tensor CudaContext::pinnedLike(const at::Tensor& like) {
+  auto opts = like.options().device(at::kCPU);
+  const size_t bytes = like.nbytes();
+  if (bytes == 0) return at::empty(like.sizes(), opts);
+  size_t cap = 0;
+  void* p = pinned_->acquire(bytes, &cap);
+  std::shared_ptr<PinnedPool> pool = pinned_;
+  return at::from_blob(p, like.sizes(), [pool, p, cap](void*) { pool->release(p, cap); }, opts);
+}
+
+void CudaContext::retire(PooledEvent end, std::vector<at::Tensor> keep) {
+  std::lock_guard<std::mutex> lock(retiredMu_);
+  retired_.push_back(Retired{std::move(end), std::move(keep)});
+}
+
+void CudaContext::reap() {
+  std::deque<Retired> done;
+  {
+    std::lock_guard<std::mutex> lock(retiredMu_);
+    // Ops complete in stream order, so the first one not done ends the scan.
+    while (!retired_.empty() && api_.eventQuery(retired_.front().end.get())) {
+      done.push_back(std::move(retired_.front()));
+      retired_.pop_front();
+    }
+  }
+  // Dropped outside the lock: a tensor's deleter may take the GIL.
+}
+
+void CudaContext::hostWait(void* ev, std::chrono::steady_clock::time_point deadline,
+                           std::chrono::milliseconds timeout, const char* op) {
+  int spins = 0;
+  auto nap = std::chrono::microseconds(5);
+  while (!api_.eventQuery(ev)) {
+    BRAID_ENFORCE(!aborted_.load(std::memory_order_relaxed), op, rank_,
+                  "the group was aborted while waiting for ", device_.str());
+    if (std::chrono::steady_clock::now() > deadline) {
+      BRAID_THROW(TimeoutError, op, rank_, "Timed out after ", timeout.count(), " ms waiting for ",
+                  device_.str(), " to finish the op's copies (the device is stuck or too busy)");
+    }
+    if (++spins < 64) {
+      std::this_thread::yield();
+    } else {
+      std::this_thread::sleep_for(nap);
+      if (nap < std::chrono::microseconds(500)) nap *= 2;
+    }
+  }
+}
+
+void CudaContext::choose() {
+  std::string noNccl;
+  cuda::NcclApi* nccl = ncclFor(api_, &noNccl);
+  cuda::CudaRankInfo mine;
+  mine.setting = cuda::cudaExecutorSetting(rank_);
+  mine.ncclVersion = nccl ? nccl->version() : 0;
+  mine.uuid = api_.deviceUuid(device_.index());
+  std::string missing;
+  auto deadline = std::chrono::steady_clock::now() + group_.timeout;
+  std::vector<std::string> all = transport::exchangeThroughStore(
+      *group_.store, [](int r) { return strCat("cuda/info/", r); }, rank_, group_.size,
+      mine.encode(), deadline, &missing);
+  std::vector<cuda::CudaRankInfo> infos;
+  for (int r = 0; r < group_.size; ++r) infos.push_back(cuda::CudaRankInfo::decode(all[r], r));
+  cuda::CudaExecutorChoice c = cuda::chooseCudaExecutor(infos, rank_);
+  if (c.kind != cuda::CudaExecutorKind::kStaged) {
+    // NCCL, or braid's same-GPU collectives behind the same seam (Note
+    // [Same-GPU collectives] in cuda/shared_gpu/same_gpu.h).
+    // Hierarchical: the same-GPU collectives within each GPU, this NCCL
+    // between the GPUs' leaders (Note [Hierarchical CUDA collectives] in
+    // cuda/shared_gpu/multi_gpu.h); the choice vouches that the leaders load it.
+    if (c.kind == cuda::CudaExecutorKind::kHier) {
+      hier_ = cuda::hierarchicalCollectives(api_, *nccl, *group_.store, "cuda/",
+                                            cuda::hierLayoutOf(infos), group_.timeout);
+    }
+    cuda::NcclApi& api = c.kind == cuda::CudaExecutorKind::kNccl   ? *nccl
+                         : c.kind == cuda::CudaExecutorKind::kHier ? *hier_
+                                                                    : cuda::sameGpuCollectives(api_);
+    cuda::NcclExecutor::Options o;
+    o.rank = rank_;
+    o.size = group_.size;
+    o.storePrefix = "cuda/";
+    o.timeout = group_.timeout;
+    nccl_ = std::make_unique<cuda::NcclExecutor>(api, api_, *group_.store, o);
+    ncclLive_.store(nccl_.get(), std::memory_order_release);
+    if (aborted_.load()) nccl_->abort(strCat("braid: the group was aborted (rank ", rank_, ")"));
+  }
+  choice_ = strCat(cuda::toString(c.kind), ": ", c.reason,
+                   nccl || c.kind != cuda::CudaExecutorKind::kStaged ? "" : strCat(" (", noNccl, ")"));
+  BRAID_LOG(kInfo, "cuda", rank_) << "CUDA ops on " << device_.str() << " run " << choice_;
+}
+
+void CudaContext::abort() {
+  aborted_.store(true);
+  if (auto* n = ncclLive_.load(std::memory_order_acquire)) {
+    n->abort(strCat("braid: the group was aborted (abort() on rank ", rank_, ")"));
+  }
+}
+
+cuda::NcclExecutor* CudaContext::nccl() {
+  std::call_once(chosen_, [this] { choose(); });
+  return nccl_.get();
+}
+
+std::string CudaContext::executorDescription() { return choice_; }
+
+void CudaContext::shutdownNccl(bool drain) {
+  // Once: a later abort() finds nothing left to abort.
+  cuda::NcclExecutor* n = ncclLive_.exchange(nullptr, std::memory_order_acq_rel);
+  if (!n) return;
+  // Draining waits for pending ops (each ends by its deadline); otherwise
+  // idle communicators are destroyed and busy ones aborted.
+  n->shutdown(drain ? group_.timeout : std::chrono::milliseconds(0));
+}
+
+std::vector<cuda::Stream> CudaContext::commStreams() {
+  std::vector<cuda::Stream> out{comm_};
+  if (cuda::NcclExecutor* n = nccl()) {
+    if (cuda::Stream s = n->commStream(device_.index())) out.push_back(s);
+  }
+  return out;
+}
+
+std::shared_ptr<CudaContext> CudaBinding::get(c10::Device device, const char* op) {
+  std::lock_guard<std::mutex> lock(mu_);
+  if (!ctx_) {
+    ctx_ = std::make_shared<CudaContext>(group_, device);
+  } else {
+    // Note [One device per group]
+    // As with NCCL, a group's CUDA ops run on one device: its comm stream,
+    // staging memory and (later) communicator belong to it.
+    BRAID_ENFORCE(ctx_->device() == device, op, rank_, "this group runs its CUDA ops on ",
+                  ctx_->device().str(), ", got a tensor on ", device.str(),
+                  " (use one group per device)");
+  }
+  return ctx_;
+}
+
+std::shared_ptr<CudaContext> CudaBinding::existing() {
+  std::lock_guard<std::mutex> lock(mu_);
+  return ctx_;
+}
+
+}  // namespace braid

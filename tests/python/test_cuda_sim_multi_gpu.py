@@ -1,0 +1,295 @@
+"""Ranks that share several GPUs: braid's hierarchical CUDA collectives through torch_braid.
+
+4 ranks on 2 simulated GPUs (ranks 0 and 1 on cuda:0, 2 and 3 on cuda:1): the group
+chooses the hierarchical executor (Note [Hierarchical CUDA collectives] in
+csrc/cuda/shared_gpu/multi_gpu.h): braid's same-GPU collectives within each GPU, NCCL between the GPUs'
+leaders. The simulated NCCL meets its communicators inside one process, so the ranks
+here are threads, each with its own ProcessGroupBraid over one store, as
+tests/cpp/test_cuda_multi_gpu.cc's are. all_reduce (SUM, MAX, AVG) and broadcast are checked
+against closed forms at counts 0, 1, odd and several same-GPU halves, the executor's
+op counter shows they ran hierarchically; so do reduce, allgather and reduce_scatter,
+in a contiguous and an interleaved layout; and gather, which the hierarchical executor
+lacks (as AVG of integers), is staged and still right. Across processes (below): every
+op with braid's same-GPU collectives standing in for NCCL between the leaders, and a rank
+that exits mid-op.
+"""
+
+import datetime
+import os
+import threading
+
+import pytest
+
+import harness as H
+
+pytestmark = [pytest.mark.braid_only, H.simulated_cuda_only()]
+
+HALF = 4096  # BRAID_CUDA_SAME_GPU_BYTES / 2: several chunks per op
+N = 4
+
+
+def _run_ranks(body, n=N, timeout_s=60, device_of=lambda r: r // 2):
+    import torch
+    import braid_sim
+    from torch_braid import _C
+
+    braid_sim.install(2)
+    braid_sim.nccl_install()
+    os.environ["BRAID_CUDA_SAME_GPU_BYTES"] = str(2 * HALF)
+    store = torch.distributed.HashStore()
+    errors = [None] * n
+
+    def main(r):
+        pg = _C.ProcessGroupBraid(store, r, n, datetime.timedelta(seconds=30))
+        try:
+            body(r, pg, torch.device("cuda", device_of(r)))
+        except BaseException as e:  # noqa: BLE001 - reported below
+            errors[r] = e
+        finally:
+            pg.shutdown()
+
+    threads = [threading.Thread(target=main, args=(r,)) for r in range(n)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(timeout_s)
+        assert not t.is_alive(), "a rank hangs"
+    for r, e in enumerate(errors):
+        if e is not None:
+            raise AssertionError(f"rank {r}: {e!r}") from e
+
+
+def _value(torch, r, count, dtype):
+    return (torch.arange(count, dtype=torch.float64) % 5 + r + 1).to(dtype)
+
+
+def test_all_reduce_and_broadcast_run_hierarchically():
+    import torch
+    import torch.distributed as dist
+
+    def body(r, pg, cuda):
+        for dtype in (torch.float32, torch.bfloat16, torch.int32):
+            for op in ("SUM", "MAX", "AVG"):
+                if op == "AVG" and not dtype.is_floating_point:
+                    continue
+                for count in (0, 1, 7, 3 * HALF // 4 + 1, 2 * HALF + 3):
+                    t = _value(torch, r, count, dtype).to(cuda)
+                    opts = dist.AllreduceOptions()
+                    opts.reduceOp = getattr(dist.ReduceOp, op)
+                    pg.allreduce([t], opts).wait()
+                    got = t.cpu().double()
+                    inputs = [_value(torch, q, count, dtype).double() for q in range(N)]
+                    if op == "MAX":
+                        want = torch.stack(inputs).max(0).values if count else got
+                        assert torch.equal(got, want), (dtype, op, count)
+                    elif op == "SUM":
+                        assert torch.equal(got, sum(inputs)), (dtype, op, count)
+                    else:
+                        # AVG within each GPU, then among the leaders: rounded
+                        # twice (Note [Hierarchical CUDA collectives]), so within
+                        # 2u of the exact mean for inputs of one sign.
+                        u = 2.0 ** -8 if dtype == torch.bfloat16 else 2.0 ** -24
+                        want = sum(inputs) / N
+                        assert torch.all((got - want).abs() <= 2 * u * want), (dtype, count)
+        executor = pg._cuda_executor()
+        assert executor.startswith("hier: 4 ranks on 2 GPUs"), executor
+        before = pg._cuda_executor_ops()
+        for root in range(N):
+            for count in (0, 1, 7, 2 * HALF + 3):
+                t = _value(torch, r, count, torch.float32).to(cuda)
+                opts = dist.BroadcastOptions()
+                opts.rootRank = root
+                pg.broadcast([t], opts).wait()
+                assert torch.equal(t.cpu(), _value(torch, root, count, torch.float32)), (root, count)
+        assert pg._cuda_executor_ops() - before == N * 4, "broadcasts ran hierarchically"
+
+    _run_ranks(body)
+
+
+def test_ops_it_lacks_are_staged():
+    import torch
+    import torch.distributed as dist
+
+    def body(r, pg, cuda):
+        t = torch.ones(3, device=cuda)
+        pg.allreduce([t]).wait()  # the executor is chosen at the first op
+        assert pg._cuda_executor().startswith("hier"), pg._cuda_executor()
+        before = pg._cuda_executor_ops()
+        count = 2 * HALF + 3
+        inp = _value(torch, r, count, torch.float32).to(cuda)
+        outs = [torch.zeros(count, device=cuda) for _ in range(N)] if r == 1 else []
+        opts = dist.GatherOptions()
+        opts.rootRank = 1
+        pg.gather([outs] if r == 1 else [], [inp], opts).wait()
+        if r == 1:
+            for q in range(N):
+                assert torch.equal(outs[q].cpu(), _value(torch, q, count, torch.float32)), q
+        # AVG of integers: the same-GPU kernels divide floats only, so staged
+        # (the integer sum divided, truncating, as braid's CPU path does).
+        t = _value(torch, r, 11, torch.int32).to(cuda)
+        aopts = dist.AllreduceOptions()
+        aopts.reduceOp = dist.ReduceOp.AVG
+        pg.allreduce([t], aopts).wait()
+        total = sum(_value(torch, q, 11, torch.int32) for q in range(N))
+        assert torch.equal(t.cpu(), torch.div(total, N, rounding_mode="trunc").int())
+        assert pg._cuda_executor_ops() == before, "gather and int AVG were staged"
+
+    _run_ranks(body)
+
+
+@pytest.mark.parametrize("layout", ["blocks", "interleaved"])
+def test_reduce_allgather_reduce_scatter_run_hierarchically(layout):
+    """reduce (to a leader and to a non-leader), _allgather_base and _reduce_scatter_base
+    (Note [Hierarchical reduce, allgather and reduce_scatter] in csrc/cuda/shared_gpu/multi_gpu.h), with
+    ranks 0, 1 on cuda:0 (blocks) or ranks 0, 2 on cuda:0 (interleaved: the GPUs' blocks
+    are not in rank order), against closed forms; the executor's op counter moves by one
+    per op, which the staged path never touches."""
+    import torch
+    import torch.distributed as dist
+
+    def body(r, pg, cuda):
+        t = torch.ones(3, device=cuda)
+        pg.allreduce([t]).wait()
+        executor = pg._cuda_executor()
+        assert executor.startswith("hier: 4 ranks on 2 GPUs"), executor
+        before = pg._cuda_executor_ops()
+        ops = 0
+        for dtype in (torch.float32, torch.bfloat16, torch.int32):
+            for count in (0, 1, 7, 2 * HALF + 3):
+                inputs = [_value(torch, q, count, dtype) for q in range(N)]
+                for root in (1, 2):
+                    t = inputs[r].to(cuda)
+                    ropts = dist.ReduceOptions()
+                    ropts.rootRank = root
+                    ropts.reduceOp = dist.ReduceOp.MAX if dtype == torch.int32 else dist.ReduceOp.SUM
+                    pg.reduce([t], ropts).wait()
+                    want = (torch.stack(inputs).max(0).values if count else inputs[r]) \
+                        if dtype == torch.int32 else sum(x.double() for x in inputs).to(dtype)
+                    got = t.cpu()
+                    if r == root:
+                        assert torch.equal(got, want), ("reduce", dtype, count, root)
+                    else:
+                        assert torch.equal(got, inputs[r]), ("reduce kept input", dtype, count)
+                    ops += 1
+                out = torch.full((N * count,), -1, dtype=dtype, device=cuda)
+                pg._allgather_base(out, inputs[r].to(cuda)).wait()
+                assert torch.equal(out.cpu(), torch.cat(inputs)), ("allgather", dtype, count)
+                full = [_value(torch, q, N * count, dtype) for q in range(N)]
+                got = torch.full((count,), -1, dtype=dtype, device=cuda)
+                pg._reduce_scatter_base(got, full[r].to(cuda)).wait()
+                want = sum(x.double() for x in full).to(dtype)[r * count:(r + 1) * count]
+                assert torch.equal(got.cpu(), want), ("reduce_scatter", dtype, count)
+                ops += 2
+        assert pg._cuda_executor_ops() - before == ops, "they ran hierarchically"
+
+    _run_ranks(body, device_of=(lambda r: r // 2) if layout == "blocks" else (lambda r: r % 2))
+
+
+# ---- Across processes --------------------------------------------------------
+# The simulated NCCL meets its communicators in one process, so here braid's
+# same-GPU collectives stand in for NCCL between the GPUs' leaders
+# (braid_sim.nccl_install(cross_process=True); the simulated device's memory and
+# events are shared memory, so one communicator may span its devices). Each
+# rank is a process: the same-GPU level inside each GPU opens the peers'
+# memory and events across processes, as on a real GPU, and a rank that
+# exits is seen by the others.
+
+
+def _xp_group(ctx):
+    import braid_sim
+    from torch_braid import _C
+
+    braid_sim.install(2)
+    braid_sim.nccl_install(cross_process=True)
+    os.environ["BRAID_CUDA_SAME_GPU_BYTES"] = str(2 * HALF)
+    group = ctx.dist.new_group(list(range(ctx.size)))
+    cuda = ctx.torch.device("cuda", ctx.rank // 2)
+    ctx.dist.all_reduce(ctx.torch.zeros(1, device=cuda), group=group)
+    backend = group._get_backend(cuda) if ctx.torch2 else group
+    return group, backend, cuda
+
+
+def _xp_collectives(ctx, dtype_name):
+    torch, dist = ctx.torch, ctx.dist
+    group, backend, cuda = _xp_group(ctx)
+    ch = H.Checker(ctx)
+    executor = backend._cuda_executor()
+    ch.true("the group runs hierarchically", executor.startswith("hier: 4 ranks on 2 GPUs"),
+            executor)
+    n, r = ctx.size, ctx.rank
+    gather = getattr(dist, "all_gather_into_tensor", None) or dist._all_gather_base
+    scatter = getattr(dist, "reduce_scatter_tensor", None) or dist._reduce_scatter_base
+    before = backend._cuda_executor_ops()
+    ops = 0
+    for dtype in (getattr(torch, dtype_name),):
+        for count in (0, 1, 7, 2 * HALF + 3):
+            what = f"{dtype} count={count}"
+            inputs = [_value(torch, q, count, dtype) for q in range(n)]
+            total = sum(x.double() for x in inputs).to(dtype)
+            t = inputs[r].to(cuda)
+            dist.all_reduce(t, group=group)
+            ch.equal(f"all_reduce {what}", t.cpu(), total)
+            for root in (1, 2):
+                t = inputs[r].to(cuda)
+                dist.broadcast(t, src=root, group=group)
+                ch.equal(f"broadcast root={root} {what}", t.cpu(), inputs[root])
+                t = inputs[r].to(cuda)
+                dist.reduce(t, dst=root, group=group)
+                ch.equal(f"reduce root={root} {what}", t.cpu(),
+                         total if r == root else inputs[r])
+            out = torch.full((n * count,), -1, dtype=dtype, device=cuda)
+            gather(out, inputs[r].to(cuda), group=group)
+            ch.equal(f"all_gather_into_tensor {what}", out.cpu(), torch.cat(inputs))
+            full = [_value(torch, q, n * count, dtype) for q in range(n)]
+            got = torch.empty(count, dtype=dtype, device=cuda)
+            scatter(got, full[r].to(cuda), group=group)
+            ch.equal(f"reduce_scatter_tensor {what}", got.cpu(),
+                     sum(x.double() for x in full).to(dtype)[r * count:(r + 1) * count])
+            ops += 7
+    ch.true("every op ran hierarchically", backend._cuda_executor_ops() - before == ops,
+            f"{backend._cuda_executor_ops() - before} executor ops for {ops} collectives")
+    dist.destroy_process_group(group)
+    return ch.report()
+
+
+@pytest.mark.parametrize("dtype", H.dtypes(fast=("float32",), slow=("bfloat16",)))
+def test_across_processes_every_op_runs_hierarchically(dtype):
+    world = H.World(N, pg_timeout=30.0, name="hier-xp")
+    try:
+        H.check_reports(world.run(_xp_collectives, dtype, timeout=120))
+    finally:
+        world.close(timeout=30)
+    assert not world.leaks, world.leaks
+
+
+def _xp_die_or_allreduce(ctx):
+    torch, dist = ctx.torch, ctx.dist
+    group, _, cuda = _xp_group(ctx)
+    t = torch.ones(3 * HALF, device=cuda)
+    dist.all_reduce(t, group=group)  # every level's communicator is made and used
+    if ctx.rank == 3:
+        os._exit(1)
+    return H.timed_allreduce(ctx, t, group)
+
+
+def test_across_processes_a_rank_that_exits_mid_op_fails_every_other_rank():
+    """Rank 3 (GPU 1, not its leader) exits: its GPU's leader, rank 2, names it (its pid)
+    within GPU 1; rank 2's abort reaches GPU 0's leader between the leaders, and rank 0's
+    reaches rank 1: every survivor fails well within the group's 30 s timeout, and nothing
+    is left in /dev/shm."""
+    world = H.World(N, pg_timeout=30.0, name="hier-xp-dead")
+    pid3 = world.pids[3]
+    try:
+        outcomes = world.run_outcomes(_xp_die_or_allreduce, expect_exit=True, timeout=60)
+    finally:
+        world.close(timeout=30, graceful=True)
+    assert outcomes[3].exitcode == 1, outcomes[3].describe()
+    for r in range(3):
+        assert outcomes[r].ok, outcomes[r].describe()
+        message, took = outcomes[r].value
+        assert message != "no error", f"rank {r}: the allreduce returned without rank 3"
+        assert took < 10.0, f"rank {r} failed after {took:.1f} s (group timeout 30 s)"
+    message = outcomes[2].value[0]
+    assert f"(pid {pid3})" in message and "exited" in message, message
+    assert "GPU 1 (ranks 2, 3 as its local ranks 0, 1)" in message, message
+    assert not world.leaks, world.leaks

@@ -1,0 +1,377 @@
+// simulatedDevice(): CUDA's ordering rules on the CPU (Note [The device seam]
+// in csrc/cuda/device_api.h, Note [Simulated ordering] in sim_stream.h).
+//
+// Note [The simulated device's lifetime]
+// The device is a process-lifetime singleton that is never destroyed, so no
+// static destructor joins or frees anything while another thread still uses
+// it. At exit, stream threads that were never destroyed sit in a condition
+// wait; exit() does not wait for them. Streams are destroyed (drained and
+// joined) only by streamDestroy.
+//
+// Handles are the addresses of the SimStream / SimEvent objects, looked up in
+// a registry, so a destroyed or foreign handle throws instead of crashing.
+// The null stream is the current device's default stream, created at first
+// use. Like every stream here it orders only through events: it does not
+// synchronize implicitly with other streams (the streams braid creates are
+// cudaStreamNonBlocking, which do not either).
+#include <atomic>
+#include <cstdlib>
+#include <cstring>
+#include <fstream>
+#include <memory>
+#include <mutex>
+#include <unordered_map>
+#include <vector>
+
+#include "common/error.h"
+#include "cuda/host_kernels.h"
+#include "sim/device/sim_device.h"
+#include "sim/device/sim_ipc.h"
+#include "sim/device/sim_stream.h"
+
+namespace braid {
+namespace cuda {
+namespace {
+
+using sim::SimEvent;
+using sim::SimStream;
+
+constexpr size_t kAlignment = 64;
+
+thread_local int tCurrentDevice = 0;  // per thread, as cudaSetDevice
+
+std::string bootId() {
+  std::ifstream in("/proc/sys/kernel/random/boot_id");
+  std::string id;
+  std::getline(in, id);
+  // Without /proc the identity would not be shared across processes; say so
+  // in the UUID rather than make one up.
+  return id.empty() ? "no-boot-id" : id;
+}
+
+class SimDevice final : public SimulatedDevice {
+ public:
+  explicit SimDevice(int devices) : devices_(devices), bootId_(bootId()) {
+    if (devices < 1) throw Error(strCat("braid: simulatedDevice(", devices, "): need >= 1 device"));
+    defaults_.resize(devices);
+  }
+
+  std::string name() const override { return strCat("simulated (", devices_, " devices)"); }
+  bool simulated() const override { return true; }
+  int deviceCount() override { return devices_; }
+  int getDevice() override { return tCurrentDevice; }
+  void setDevice(int device) override {
+    checkDevice("setDevice", device);
+    tCurrentDevice = device;
+  }
+  std::string deviceUuid(int device) override {
+    checkDevice("deviceUuid", device);
+    return strCat("sim-", bootId_, "-", device);
+  }
+
+  Stream streamCreate(int device) override {
+    checkDevice("streamCreate", device);
+    std::lock_guard<std::mutex> lk(mu_);
+    auto s = std::make_shared<SimStream>(device, strCat("simulated stream ", ++streamIds_,
+                                                        " (device ", device, ")"));
+    streams_[s.get()] = s;
+    return s.get();
+  }
+
+  void streamDestroy(Stream handle) override {
+    std::shared_ptr<SimStream> s;
+    {
+      std::lock_guard<std::mutex> lk(mu_);
+      auto it = streams_.find(handle);
+      if (handle == nullptr || it == streams_.end() || isDefault(it->second)) {
+        throw Error(strCat("braid: streamDestroy(", handle, "): not a stream from streamCreate ",
+                           "(unknown, already destroyed, or a default stream)"));
+      }
+      s = std::move(it->second);
+      streams_.erase(it);
+    }
+    s->shutdown();  // outside the lock: drains the queue, then joins
+  }
+
+  void streamSynchronize(Stream s) override { stream("streamSynchronize", s)->synchronize(); }
+  bool streamQuery(Stream s) override { return stream("streamQuery", s)->query(); }
+
+  Event eventCreate(int device) override {
+    checkDevice("eventCreate", device);
+    auto e = std::make_shared<SimEvent>(device);
+    std::lock_guard<std::mutex> lk(mu_);
+    events_[e.get()] = e;
+    return e.get();
+  }
+
+  void eventDestroy(Event handle) override {
+    // Pending records and waits hold their own reference, so destroying an
+    // event with work in flight is safe, as on CUDA.
+    std::lock_guard<std::mutex> lk(mu_);
+    auto ipc = ipcEvents_.find(handle);
+    if (ipc != ipcEvents_.end()) {
+      if (!ipc->second->owner()) ipc->second->close();  // waits on it give up
+      ipcEvents_.erase(ipc);
+      return;
+    }
+    if (events_.erase(handle) == 0) {
+      throw Error(strCat("braid: eventDestroy(", handle, "): unknown or already destroyed event"));
+    }
+  }
+
+  void eventRecord(Event handle, Stream sh) override {
+    if (auto ipc = ipcEvent(handle)) return ipc->record(stream("eventRecord", sh));
+    auto e = event("eventRecord", handle);
+    auto s = stream("eventRecord", sh);
+    if (e->device() != s->device()) {
+      // cudaEventRecord fails the same way (cudaErrorInvalidResourceHandle).
+      throw Error(strCat("braid: eventRecord: event of device ", e->device(), " recorded on ",
+                         s->label()));
+    }
+    const uint64_t g = e->beginRecord(s);
+    try {
+      s->enqueue("eventRecord", [e, g] { e->complete(g); }, /*work=*/false);
+    } catch (...) {
+      e->complete(g);  // the stream was destroyed meanwhile: nothing may wait for g forever
+      throw;
+    }
+  }
+
+  void streamWaitEvent(Stream sh, Event handle) override {
+    auto s = stream("streamWaitEvent", sh);
+    if (auto ipc = ipcEvent(handle)) return ipc->waitOn(s);
+    auto e = event("streamWaitEvent", handle);
+    const uint64_t g = e->latest();  // the record as of this call
+    if (e->done(g)) return;
+    s->enqueue("streamWaitEvent", [e, g] { e->waitFor(g); }, /*work=*/false);
+  }
+
+  bool eventQuery(Event handle) override {
+    if (auto ipc = ipcEvent(handle)) return ipc->query();
+    auto e = event("eventQuery", handle);
+    if (!e->done(e->latest())) return false;
+    throwIfFailed(e);
+    return true;
+  }
+
+  void eventSynchronize(Event handle) override {
+    if (auto ipc = ipcEvent(handle)) return ipc->synchronize();
+    auto e = event("eventSynchronize", handle);
+    e->waitFor(e->latest());
+    throwIfFailed(e);
+  }
+
+  void memcpyAsync(void* dst, const void* src, size_t bytes, Stream sh) override {
+    auto s = stream("memcpyAsync", sh);
+    if (bytes == 0) return;
+    if (dst == nullptr || src == nullptr) {
+      throw Error(strCat("braid: memcpyAsync(dst=", dst, ", src=", src, ", bytes=", bytes,
+                         "): null pointer"));
+    }
+    s->enqueue(strCat("memcpyAsync(dst=", dst, ", src=", src, ", bytes=", bytes, ")"),
+               [dst, src, bytes] { std::memmove(dst, src, bytes); });
+  }
+
+  void* hostAlloc(size_t bytes) override { return allocate("hostAlloc", bytes, -1); }
+  void hostFree(void* p) override { release("hostFree", p, -1); }
+  void* deviceAlloc(int device, size_t bytes) override {
+    checkDevice("deviceAlloc", device);
+    return allocate("deviceAlloc", bytes, device);
+  }
+  void deviceFree(void* p) override {
+    {
+      std::lock_guard<std::mutex> lk(mu_);
+      if (shared_.erase(p) > 0) return;  // the region unmaps when its last owner goes
+    }
+    release("deviceFree", p, 0);
+  }
+
+  // Note [Simulated IPC] in sim_ipc.h.
+  void* deviceAllocShareable(int device, size_t bytes) override {
+    checkDevice("deviceAllocShareable", device);
+    auto r = sim::SharedRegion::create(bytes, "deviceAllocShareable");
+    std::lock_guard<std::mutex> lk(mu_);
+    shared_[r->data()] = r;
+    return r->data();
+  }
+  std::string ipcMemHandle(void* p) override {
+    std::lock_guard<std::mutex> lk(mu_);
+    auto it = shared_.find(p);
+    if (it == shared_.end()) {
+      throw Error(strCat("braid: ipcMemHandle(", p, "): not memory from deviceAllocShareable"));
+    }
+    return it->second->handle();
+  }
+  void* ipcOpenMem(const std::string& handle) override {
+    auto r = sim::SharedRegion::open(handle, "ipcOpenMem");
+    std::lock_guard<std::mutex> lk(mu_);
+    opened_[r->data()] = r;
+    return r->data();
+  }
+  void ipcCloseMem(void* p) override {
+    std::lock_guard<std::mutex> lk(mu_);
+    if (opened_.erase(p) == 0) {
+      throw Error(strCat("braid: ipcCloseMem(", p, "): not memory opened with ipcOpenMem"));
+    }
+  }
+  Event eventCreateShareable(int device) override {
+    checkDevice("eventCreateShareable", device);
+    auto e = std::make_shared<sim::SharedEvent>(device);
+    std::lock_guard<std::mutex> lk(mu_);
+    ipcEvents_[e.get()] = e;
+    return e.get();
+  }
+  std::string ipcEventHandle(Event handle) override {
+    auto e = ipcEvent(handle);
+    if (!e || !e->owner()) {
+      throw Error(strCat("braid: ipcEventHandle(", handle,
+                         "): not an event from eventCreateShareable"));
+    }
+    return e->handle();
+  }
+  Event ipcOpenEvent(const std::string& handle) override {
+    auto e = std::make_shared<sim::SharedEvent>(tCurrentDevice, handle);
+    std::lock_guard<std::mutex> lk(mu_);
+    ipcEvents_[e.get()] = e;
+    return e.get();
+  }
+
+  void reduceMultiAsync(DataType type, ReduceOp op, void* dst, const void* const* srcs, int n,
+                        double divisor, size_t count, Stream sh) override {
+    auto s = stream("reduceMultiAsync", sh);
+    checkReduceMultiArgs("reduceMultiAsync", type, op, dst, srcs, n, divisor, count);
+    if (count == 0) return;
+    std::vector<const void*> sources(srcs, srcs + n);
+    s->enqueue(strCat("reduceMultiAsync(", toString(type), ", ", toString(op), ", ", n,
+                      " sources, count=", count, ")"),
+               [type, op, dst, sources, divisor, count] {
+                 hostReduceMulti(type, op, dst, sources.data(), static_cast<int>(sources.size()),
+                                 divisor, count);
+               });
+  }
+
+  void reduceAsync(DataType type, ReduceOp op, void* dst, const void* src, size_t count,
+                   Stream sh) override {
+    auto s = stream("reduceAsync", sh);
+    checkReduceArgs("reduceAsync", type, op, dst, src, count);
+    if (count == 0) return;
+    s->enqueue(strCat("reduceAsync(", toString(type), ", ", toString(op), ", count=", count, ")"),
+               [type, op, dst, src, count] { hostReduce(type, op, dst, src, count); });
+  }
+
+  void setStreamDelay(Stream sh, std::chrono::microseconds delay) override {
+    stream("setStreamDelay", sh)->setDelay(delay);
+  }
+
+  void launchHostFunc(Stream sh, std::function<void()> fn) override {
+    if (!fn) throw Error("braid: launchHostFunc: empty function");
+    stream("launchHostFunc", sh)->enqueue("launchHostFunc", std::move(fn));
+  }
+
+ private:
+  void checkDevice(const char* call, int device) const {
+    if (device < 0 || device >= devices_) {
+      throw Error(strCat("braid: ", call, "(", device, "): the simulated device has ", devices_,
+                         " devices"));
+    }
+  }
+
+  bool isDefault(const std::shared_ptr<SimStream>& s) const {
+    return defaults_[s->device()] == s;
+  }
+
+  std::shared_ptr<SimStream> stream(const char* call, Stream handle) {
+    std::lock_guard<std::mutex> lk(mu_);
+    if (handle == nullptr) {
+      auto& d = defaults_[tCurrentDevice];
+      if (!d) {
+        d = std::make_shared<SimStream>(tCurrentDevice,
+                                        strCat("default stream (device ", tCurrentDevice, ")"));
+        streams_[d.get()] = d;
+      }
+      return d;
+    }
+    auto it = streams_.find(handle);
+    if (it == streams_.end()) {
+      throw Error(strCat("braid: ", call, ": ", handle,
+                         " is not a stream of the simulated device (destroyed, or foreign)"));
+    }
+    return it->second;
+  }
+
+  std::shared_ptr<sim::SharedEvent> ipcEvent(Event handle) {
+    std::lock_guard<std::mutex> lk(mu_);
+    auto it = ipcEvents_.find(handle);
+    return it == ipcEvents_.end() ? nullptr : it->second;
+  }
+
+  std::shared_ptr<SimEvent> event(const char* call, Event handle) {
+    std::lock_guard<std::mutex> lk(mu_);
+    auto it = events_.find(handle);
+    if (it == events_.end()) {
+      throw Error(strCat("braid: ", call, ": ", handle,
+                         " is not an event of the simulated device (destroyed, or foreign)"));
+    }
+    return it->second;
+  }
+
+  // An event's record is done; the stream it was recorded on may have failed.
+  static void throwIfFailed(const std::shared_ptr<SimEvent>& e) {
+    if (auto s = e->lastStream()) {
+      const std::string error = s->error();
+      if (!error.empty()) throw Error(error);
+    }
+  }
+
+  // device -1: pinned host memory. Size 0 gives nullptr (freeing it is a no-op).
+  void* allocate(const char* call, size_t bytes, int device) {
+    if (bytes == 0) return nullptr;
+    const size_t rounded = (bytes + kAlignment - 1) / kAlignment * kAlignment;
+    if (rounded < bytes) throw Error(strCat("braid: ", call, "(", bytes, " bytes): too large"));
+    void* p = std::aligned_alloc(kAlignment, rounded);
+    if (p == nullptr) throw Error(strCat("braid: ", call, "(", bytes, " bytes): out of memory"));
+    std::lock_guard<std::mutex> lk(mu_);
+    allocs_[p] = device;
+    return p;
+  }
+
+  void release(const char* call, void* p, int kind) {
+    if (p == nullptr) return;
+    {
+      std::lock_guard<std::mutex> lk(mu_);
+      auto it = allocs_.find(p);
+      const bool host = kind < 0;
+      if (it == allocs_.end() || (it->second < 0) != host) {
+        throw Error(strCat("braid: ", call, "(", p, "): not ",
+                           host ? "pinned host memory from hostAlloc" :
+                                  "device memory from deviceAlloc",
+                           " (unknown, already freed, or of the other kind)"));
+      }
+      allocs_.erase(it);
+    }
+    std::free(p);
+  }
+
+  const int devices_;
+  const std::string bootId_;
+  std::mutex mu_;  // the registries below
+  std::unordered_map<void*, std::shared_ptr<SimStream>> streams_;
+  std::unordered_map<void*, std::shared_ptr<SimEvent>> events_;
+  std::vector<std::shared_ptr<SimStream>> defaults_;  // per device, created at first use
+  std::unordered_map<void*, int> allocs_;             // pointer -> device, -1 for host
+  std::unordered_map<void*, std::shared_ptr<sim::SharedRegion>> shared_;  // shareable, ours
+  std::unordered_map<void*, std::shared_ptr<sim::SharedRegion>> opened_;  // a peer's, mapped
+  std::unordered_map<void*, std::shared_ptr<sim::SharedEvent>> ipcEvents_;
+  uint64_t streamIds_ = 0;
+};
+
+}  // namespace
+
+SimulatedDevice& simulatedDevice(int devices) {
+  // Never destroyed: Note [The simulated device's lifetime].
+  static SimDevice* device = new SimDevice(devices);
+  return *device;
+}
+
+}  // namespace cuda
+}  // namespace braid

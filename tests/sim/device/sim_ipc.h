@@ -1,0 +1,79 @@
+// CUDA IPC on the simulated device: memory and events that other processes
+// on the host can open (DeviceApi::ipc*, Note [Same-GPU collectives] in
+// cuda/shared_gpu/same_gpu.h), so that ranks sharing a simulated GPU run braid's
+// same-GPU collectives across processes in CI.
+//
+// Note [Simulated IPC]
+// - Shareable memory is a transport::shm::SharedRegion (Note [Shared
+//   regions]): a memfd that another process maps through /proc/<pid>/fd/<fd>,
+//   nothing left in /dev/shm, stale handles refused.
+// - A shareable event is two counters in such memory: `latest`, the last
+//   generation recorded, and `done`, the last one the recording stream
+//   reached. Only the creator records it, on one stream at a time, so
+//   generations complete in order and two counters say everything (an
+//   in-process SimEvent keeps a set). A wait captures `latest` at the call,
+//   as cudaStreamWaitEvent does, and its task polls `done`.
+// - A waiter never hangs on a dead exporter: the polling task checks that the
+//   exporting process still lives, and that the waiter has not closed the
+//   event (what an abort does), and fails the stream, naming the event's
+//   exporter, when either is gone.
+#pragma once
+
+#include <sys/types.h>
+
+#include <atomic>
+#include <cstddef>
+#include <cstdint>
+#include <memory>
+#include <string>
+
+#include "cuda/device_api.h"
+#include "sim/device/sim_stream.h"
+#include "transport/shm/shared_region.h"
+
+namespace braid {
+namespace cuda {
+namespace sim {
+
+// The memfd regions of the transport (Note [Shared regions]); a handle is
+// exactly a CUDA IPC handle's size.
+using SharedRegion = transport::shm::SharedRegion;
+static_assert(transport::shm::kRegionHandleBytes == kIpcHandleBytes,
+              "a shared region's handle stands in for a CUDA IPC handle");
+
+class SharedEvent {
+ public:
+  // A new shareable event (its creator records it).
+  explicit SharedEvent(int device);
+  // Another process's event, from its handle().
+  SharedEvent(int device, const std::string& handle);
+  int device() const { return device_; }
+  bool owner() const { return owner_; }
+  std::string handle() const { return region_->handle(); }
+
+  // eventRecord on `s` (the creator only).
+  void record(const std::shared_ptr<SimStream>& s);
+  // streamWaitEvent: `s` waits for the latest record as of this call.
+  void waitOn(const std::shared_ptr<SimStream>& s);
+  bool query();
+  void synchronize();
+  // Waits in flight give up (an abort, or eventDestroy of an opened event).
+  void close() { closed_->store(true); }
+
+ private:
+  // Polls until `generation` is done; throws when the exporter died or the
+  // event was closed.
+  static void waitFor(const std::shared_ptr<SharedRegion>& region,
+                      const std::shared_ptr<std::atomic<bool>>& closed, uint64_t generation);
+  static std::atomic<uint64_t>* latestOf(const SharedRegion& r);
+  static std::atomic<uint64_t>* doneOf(const SharedRegion& r);
+
+  const int device_;
+  const bool owner_;
+  std::shared_ptr<SharedRegion> region_;
+  std::shared_ptr<std::atomic<bool>> closed_ = std::make_shared<std::atomic<bool>>(false);
+};
+
+}  // namespace sim
+}  // namespace cuda
+}  // namespace braid

@@ -1,0 +1,46 @@
+"""Test-only: braid's simulated CUDA device in this process (Note [Simulated CUDA in
+tests], tests/sim/torch/sim_cuda.h; Note [ATen on the simulated device], sim_aten.cc).
+
+``install(devices)`` registers the simulated device with torch (a CPU-only torch),
+so that "CUDA" tensors live in host memory, ATen runs on them through its CPU
+kernels, and braid's real CUDA path serves them. It also answers the few
+``torch.cuda`` questions that torch's Python asks about a CUDA tensor, which a
+torch without CUDA cannot answer. Never for real work: it refuses where torch has
+CUDA.
+"""
+
+import torch
+import torch_braid  # noqa: F401  (loads torch_braid._C, whose testing hooks _C uses)
+
+from . import _C
+from ._C import delay_comm_stream, delay_current_stream, empty, nccl_install, read, write  # noqa: F401
+
+_installed = 0
+
+
+def install(devices: int = 2) -> None:
+    global _installed
+    _C.install(devices)
+    if _installed:
+        return
+    _installed = devices
+    cuda = torch.cuda
+    current = [0]
+
+    def set_device(device) -> None:
+        index = torch.device("cuda", device).index if isinstance(device, int) else \
+            torch.device(device).index
+        if index is None or not 0 <= index < devices:
+            raise ValueError(f"simulated CUDA: no device {device!r} (it has {devices})")
+        current[0] = index
+        # The C++ side's current device is per thread; the tensors' device
+        # guard sets it where an op needs it.
+
+    # Moving a tensor to "cuda" first calls torch.cuda._lazy_init, which a torch
+    # without CUDA answers with "Torch not compiled with CUDA enabled".
+    cuda._lazy_init = lambda: None
+    # torch 2.14's dist.broadcast asks for a CUDA tensor's compute capability.
+    cuda.get_device_capability = lambda device=None: (8, 0)
+    cuda.device_count = lambda: devices
+    cuda.current_device = lambda: current[0]
+    cuda.set_device = set_device
