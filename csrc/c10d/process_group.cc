@@ -135,6 +135,15 @@ OpDesc ProcessGroupBraid::desc(OpKind kind, std::chrono::milliseconds optTimeout
   return d;
 }
 
+OpDesc ProcessGroupBraid::describe(OpKind kind, const at::Tensor& t, const char* op,
+                                   std::chrono::milliseconds optTimeout) const {
+  OpDesc d = desc(kind, optTimeout);
+  d.dtype = args::dtypeOf(t, op, getRank());
+  d.count = t.numel();
+  d.shape = args::shapeOf(t);
+  return d;
+}
+
 c10::intrusive_ptr<c10d::Work> ProcessGroupBraid::launch(const OpDesc& d, c10d::OpType type,
                                                          const char* title,
                                                          std::vector<at::Tensor> outputs,
@@ -248,12 +257,9 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupBraid::allreduce(std::vector<at::Tens
   return guarded(OpKind::kAllreduce, [&] {
     const int rank = getRank();
     const at::Tensor& t = args::single(tensors, "allreduce", rank);
-    OpDesc d = desc(OpKind::kAllreduce, opts.timeout);
-    d.dtype = args::dtypeOf(t, "allreduce", rank);
+    OpDesc d = describe(OpKind::kAllreduce, t, "allreduce", opts.timeout);
     double factor = 1.0;
     d.redop = args::reduceOpOf(opts.reduceOp, d.dtype, "allreduce", rank, &factor);
-    d.count = t.numel();
-    d.shape = args::shapeOf(t);
     if (onNccl(t, "allreduce", cuda::NcclOpKind::kAllreduce, d.dtype, d.redop)) {
       return ncclLaunch(d, c10d::OpType::ALLREDUCE, "braid:allreduce", tensors, tensors,
                         cuda::NcclOpKind::kAllreduce, t.data_ptr(), t.data_ptr(), factor);
@@ -331,11 +337,8 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupBraid::broadcast(std::vector<at::Tens
     const int rank = getRank();
     const at::Tensor& t = args::single(tensors, "broadcast", rank);
     args::checkRank(static_cast<int>(opts.rootRank), getSize(), "root", "broadcast", rank);
-    OpDesc d = desc(OpKind::kBroadcast, opts.timeout);
-    d.dtype = args::dtypeOf(t, "broadcast", rank);
+    OpDesc d = describe(OpKind::kBroadcast, t, "broadcast", opts.timeout);
     d.root = static_cast<int>(opts.rootRank);
-    d.count = t.numel();
-    d.shape = args::shapeOf(t);
     if (onNccl(t, "broadcast")) {
       return ncclLaunch(d, c10d::OpType::BROADCAST, "braid:broadcast", tensors, tensors,
                         cuda::NcclOpKind::kBroadcast, t.data_ptr(), t.data_ptr(), 1.0);
@@ -355,13 +358,10 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupBraid::reduce(std::vector<at::Tensor>
     const int rank = getRank();
     const at::Tensor& t = args::single(tensors, "reduce", rank);
     args::checkRank(static_cast<int>(opts.rootRank), getSize(), "root", "reduce", rank);
-    OpDesc d = desc(OpKind::kReduce, opts.timeout);
-    d.dtype = args::dtypeOf(t, "reduce", rank);
+    OpDesc d = describe(OpKind::kReduce, t, "reduce", opts.timeout);
     double factor = 1.0;
     d.redop = args::reduceOpOf(opts.reduceOp, d.dtype, "reduce", rank, &factor);
     d.root = static_cast<int>(opts.rootRank);
-    d.count = t.numel();
-    d.shape = args::shapeOf(t);
     if (onNccl(t, "reduce", cuda::NcclOpKind::kReduce, d.dtype, d.redop)) {
       return ncclLaunch(d, c10d::OpType::REDUCE, "braid:reduce", tensors, tensors,
                         cuda::NcclOpKind::kReduce, t.data_ptr(), t.data_ptr(), factor);

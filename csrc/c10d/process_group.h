@@ -171,6 +171,10 @@ class ProcessGroupBraid : public compat::BackendBase {
   c10::intrusive_ptr<c10d::Work> guarded(collectives::OpKind kind,
                                          const std::function<c10::intrusive_ptr<c10d::Work>()>& check);
   collectives::OpDesc desc(collectives::OpKind kind, std::chrono::milliseconds optTimeout) const;
+  // desc(), with the dtype (checked: the error names `op` and this rank),
+  // count and shape of `t`: the description of an op over one tensor.
+  collectives::OpDesc describe(collectives::OpKind kind, const at::Tensor& t, const char* op,
+                               std::chrono::milliseconds optTimeout) const;
   c10::intrusive_ptr<c10d::Work> sendRecv(bool isSend, std::vector<at::Tensor>& tensors, int peer,
                                           int tag);
   // process_group_nccl.cc: whether a collective on `t` runs on the group's

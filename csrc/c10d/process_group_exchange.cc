@@ -22,12 +22,9 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupBraid::reduce_scatter(
   return guarded(OpKind::kReduceScatter, [&] {
     const int rank = getRank(), n = getSize();
     const at::Tensor& out = args::single(outputs, "reduce_scatter", rank);
-    OpDesc d = desc(OpKind::kReduceScatter, opts.timeout);
-    d.dtype = args::dtypeOf(out, "reduce_scatter", rank);
+    OpDesc d = describe(OpKind::kReduceScatter, out, "reduce_scatter", opts.timeout);
     double factor = 1.0;
     d.redop = args::reduceOpOf(opts.reduceOp, d.dtype, "reduce_scatter", rank, &factor);
-    d.count = out.numel();
-    d.shape = args::shapeOf(out);
     BRAID_ENFORCE(inputs.size() == 1 && inputs[0].size() == static_cast<size_t>(n),
                   "reduce_scatter", rank, "expects one input list of ", n, " tensors");
     args::checkSame(inputs[0], d.dtype, out.numel(), "input", "reduce_scatter", rank);
@@ -58,12 +55,9 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupBraid::_reduce_scatter_base(
     const int rank = getRank(), n = getSize();
     args::checkTensor(output, "reduce_scatter", rank);
     args::checkTensor(input, "reduce_scatter", rank);
-    OpDesc d = desc(OpKind::kReduceScatter, opts.timeout);
-    d.dtype = args::dtypeOf(output, "reduce_scatter", rank);
+    OpDesc d = describe(OpKind::kReduceScatter, output, "reduce_scatter", opts.timeout);
     double factor = 1.0;
     d.redop = args::reduceOpOf(opts.reduceOp, d.dtype, "reduce_scatter", rank, &factor);
-    d.count = output.numel();
-    d.shape = args::shapeOf(output);
     args::checkSame({input}, d.dtype, output.numel() * n, "input", "reduce_scatter", rank);
     if (onNccl(input, "reduce_scatter", cuda::NcclOpKind::kReduceScatter, d.dtype,
                d.redop)) {

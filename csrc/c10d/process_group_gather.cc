@@ -48,10 +48,7 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupBraid::allgather(
   return guarded(OpKind::kAllgather, [&] {
     const int rank = getRank(), n = getSize();
     const at::Tensor& in = args::single(inputs, "allgather", rank);
-    OpDesc d = desc(OpKind::kAllgather, opts.timeout);
-    d.dtype = args::dtypeOf(in, "allgather", rank);
-    d.count = in.numel();
-    d.shape = args::shapeOf(in);
+    OpDesc d = describe(OpKind::kAllgather, in, "allgather", opts.timeout);
     BRAID_ENFORCE(outputs.size() == 1 && outputs[0].size() == static_cast<size_t>(n), "allgather",
                   rank, "expects one output list of ", n, " tensors");
     args::checkSame(outputs[0], d.dtype, in.numel(), "output", "allgather", rank);
@@ -71,10 +68,7 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupBraid::_allgather_base(
     const int rank = getRank(), n = getSize();
     args::checkTensor(input, "allgather", rank);
     args::checkTensor(output, "allgather", rank);
-    OpDesc d = desc(OpKind::kAllgather, opts.timeout);
-    d.dtype = args::dtypeOf(input, "allgather", rank);
-    d.count = input.numel();
-    d.shape = args::shapeOf(input);
+    OpDesc d = describe(OpKind::kAllgather, input, "allgather", opts.timeout);
     args::checkSame({output}, d.dtype, input.numel() * n, "output", "allgather", rank);
     if (onNccl(input, "allgather")) {
       return ncclLaunch(d, c10d::OpType::_ALLGATHER_BASE, "braid:_allgather_base", {output},
@@ -184,11 +178,8 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupBraid::gather(
     const int rank = getRank(), n = getSize();
     const at::Tensor& in = args::single(inputs, "gather", rank);
     args::checkRank(static_cast<int>(opts.rootRank), n, "root", "gather", rank);
-    OpDesc d = desc(OpKind::kGather, opts.timeout);
-    d.dtype = args::dtypeOf(in, "gather", rank);
+    OpDesc d = describe(OpKind::kGather, in, "gather", opts.timeout);
     d.root = static_cast<int>(opts.rootRank);
-    d.count = in.numel();
-    d.shape = args::shapeOf(in);
     std::vector<at::Tensor> outList;
     if (rank == d.root) {
       BRAID_ENFORCE(outputs.size() == 1 && outputs[0].size() == static_cast<size_t>(n), "gather",
@@ -223,11 +214,8 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupBraid::scatter(
     const int rank = getRank(), n = getSize();
     const at::Tensor& out = args::single(outputs, "scatter", rank);
     args::checkRank(static_cast<int>(opts.rootRank), n, "root", "scatter", rank);
-    OpDesc d = desc(OpKind::kScatter, opts.timeout);
-    d.dtype = args::dtypeOf(out, "scatter", rank);
+    OpDesc d = describe(OpKind::kScatter, out, "scatter", opts.timeout);
     d.root = static_cast<int>(opts.rootRank);
-    d.count = out.numel();
-    d.shape = args::shapeOf(out);
     if (rank == d.root) {
       BRAID_ENFORCE(inputs.size() == 1 && inputs[0].size() == static_cast<size_t>(n), "scatter",
                     rank, "the root expects one input list of ", n, " tensors");
