@@ -1,5 +1,6 @@
-// The gathering and scattering collectives: allgather, gather, scatter,
-// reduce_scatter and alltoall, in their list and flat-tensor forms.
+// The gathering and scattering collectives: allgather (list, flat and
+// coalesced forms), gather and scatter. reduce_scatter and alltoall are in
+// process_group_exchange.cc.
 #include "backend/coalesced_work.h"
 #include "backend/engine.h"
 #include "cuda/nccl_executor.h"
