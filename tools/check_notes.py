@@ -330,6 +330,7 @@ def _samples():
             "# %s [Dashed] -- also inline" % n,                                   # 10 inline
             "// %s [Choosing a CUDA executer]" % n,                               # 11 typo
             "int y;",
+            "// %s [Spin, then sleep] in device_api.h: a file that is there." % n,  # 13 wrong
         ],
     }
     expected = [
@@ -344,6 +345,7 @@ def _samples():
         ("csrc/cuda/bad.cc", 8, "Note [Written inline] is written inline"),
         ("csrc/cuda/bad.cc", 10, "Note [Dashed] is written inline"),
         ("csrc/cuda/bad.cc", 11, "did you mean Note [Choosing a CUDA executor]"),
+        ("csrc/cuda/bad.cc", 13, "cited in device_api.h but defined in csrc/transport/shm/futex.h"),
     ]
     return files, expected
 
