@@ -14,6 +14,10 @@
 set -euo pipefail
 repo=$(cd "$(dirname "$0")/.." && pwd)
 start=$SECONDS
+# Every cited Note exists, once, as a block, where its citations say (no torch needed).
+echo "=== notes" >&2
+python3 "$repo/tools/check_notes.py" --self-test
+python3 "$repo/tools/check_notes.py"
 if [[ "${BRAID_SKIP_FUZZ:-0}" != 1 ]]; then
   echo "=== fuzz: TCP frame decoder" >&2
   "$repo/tests/fuzz/run.sh" "${BRAID_FUZZ_SECONDS:-60}"

@@ -1,10 +1,11 @@
-// The gathering and scattering collectives: allgather, gather, scatter,
-// reduce_scatter and alltoall, in their list and flat-tensor forms.
+// The gathering and scattering collectives: allgather (list, flat and
+// coalesced forms), gather and scatter. reduce_scatter and alltoall are in
+// process_group_exchange.cc.
 #include "c10d/coalesced_work.h"
-#include "engine/engine.h"
-#include "cuda/nccl/nccl_executor.h"
 #include "c10d/process_group.h"
 #include "c10d/tensor_args.h"
+#include "cuda/nccl/nccl_executor.h"
+#include "engine/engine.h"
 #include "collectives/shm/collectives.h"
 #include "common/error.h"
 

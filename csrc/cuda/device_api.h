@@ -50,7 +50,7 @@ class DeviceApi {
   // A stable identity of the physical device, the same in every process on
   // the host that sees it (cudaDeviceProp::uuid as 32 hex digits; the
   // simulated device: "sim-<boot id>-<device>"). Ranks that share a GPU have
-  // equal UUIDs (Note [Choosing a CUDA executor] in backend/cuda_executor.h).
+  // equal UUIDs (Note [Choosing a CUDA executor] in cuda/nccl/executor_choice.h).
   virtual std::string deviceUuid(int device) = 0;
 
   // A stream on `device` that does not synchronize with the legacy default

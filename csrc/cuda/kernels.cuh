@@ -10,7 +10,7 @@
 //   fp32 and rounded once, to nearest even; floating MIN/MAX propagate NaN as
 //   in Note [NaN in min and max]; integers wrap; bool is logical).
 // - scale/divide: reduce::scale/reduce::divide.
-// - casts: the fp16/bf16 compression hooks (hooks/cast_kernels.h).
+// - casts: the fp16/bf16 compression hooks (math/cast.h).
 // - int8: the int8 hook (hooks/int8_kernels.h).
 // kernels.cu is compiled with -fmad=false: a fused multiply-add would round
 // once where the CPU rounds twice (the int8 residual and dequantized sums).

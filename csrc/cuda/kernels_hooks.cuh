@@ -1,5 +1,5 @@
 // Kernel bodies of the DDP compression hooks (included by kernels.cuh): the
-// fp16/bf16 casts of hooks/cast_kernels.h and the int8 scheme of
+// fp16/bf16 casts of math/cast.h and the int8 scheme of
 // hooks/int8_kernels.h, with the same bits as those CPU loops.
 #pragma once
 

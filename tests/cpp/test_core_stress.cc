@@ -742,7 +742,7 @@ TEST(Shutdown, P2PShutdownFailsPendingOps) {
   p2p.shutdown();  // idempotent
 }
 
-// ---- P2P failures in the middle of a message (Note [Started messages] in p2p.cc) -------
+// ---- P2P failures in the middle of a message (Note [Started messages] in p2p_engine.cc) -------
 
 // A send that times out after part of it entered the ring is dropped from
 // the queue mid-message; the next message's frame then lands inside the

@@ -9,7 +9,6 @@
 #include <thread>
 
 #include "tcp_group.h"
-#include "transport/tcp/auth.h"
 
 namespace braid {
 namespace {
@@ -393,35 +392,6 @@ TEST_F(TcpFaults, ThreadsAndSocketsExistOnlyWhileTheGroupDoes) {
   // Per rank: listener, epoll, eventfd, 2 peers x 3 sockets.
   EXPECT_EQ(testing::countFds() - fds_, 3 * (3 + 2 * 3));
   ts.clear();
-}
-
-TEST_F(TcpFaults, HandshakeCostIsPrinted) {
-  const int kSockets = 32, kReps = 5;
-  auto o = tcpOptions("cost", kSockets);
-  double best = 1e9;
-  for (int rep = 0; rep < kReps; ++rep) {
-    auto t0 = transport::Clock::now();
-    auto ts = connectGroup(2, [&](int) {
-      auto x = o;
-      x.groupId += "/" + std::to_string(rep);
-      return x;
-    });
-    double us = std::chrono::duration<double, std::micro>(transport::Clock::now() - t0).count();
-    best = std::min(best, us);
-  }
-  uint8_t n1[32] = {1}, n2[32] = {2}, mac[32];
-  std::string group = o.groupId;
-  transport::tcp::MacInput in{&group, 1, 0, 0, n1, n2};
-  const int kMacs = 20000;
-  auto t0 = transport::Clock::now();
-  for (int i = 0; i < kMacs; ++i) {
-    transport::tcp::computeMac(o.secret, transport::tcp::MacRole::kDialer, in, mac);
-  }
-  double macUs = std::chrono::duration<double, std::micro>(transport::Clock::now() - t0).count() / kMacs;
-  std::printf("[ handshake ] 2 ranks x %d sockets connected in %.0f us (best of %d): %.1f us per "
-              "authenticated socket, including TCP connect; one HMAC-SHA256: %.2f us (4 per "
-              "socket)\n",
-              kSockets, best, kReps, best / kSockets, macUs);
 }
 
 }  // namespace

@@ -334,35 +334,3 @@ TEST(Tree, SixtyFourRanksOversubscribed) {
 
 }  // namespace
 }  // namespace braid
-
-namespace braid {
-namespace {
-
-// Not a test: tree against one-shot latency with threads as ranks, in one
-// process (no process spawning or Python between the ops), alternating.
-//   test_core_tree --gtest_also_run_disabled_tests --gtest_filter='*TreeAgainstFlat*'
-TEST(TreeTiming, DISABLED_TreeAgainstFlat) {
-  for (int n : {2, 4, 8, 16, 32}) {
-    for (int rep = 0; rep < 3; ++rep) {
-      for (bool tree : {false, true}) {
-        CollectiveConfig cfg;
-        cfg.treeRanks = tree ? 1 : 0;
-        Group g(n, treeOptions(cfg, 4096));
-        const int iters = n <= 4 ? 20000 : 2000;
-        std::vector<double> us(n);
-        runRanks(n, [&](int r) {
-          Communicator& c = *g.comms[r];
-          float v = 1, out = 0;
-          for (int k = 0; k < 100; ++k) collectives::allreduce(c, desc(OpKind::kAllreduce, 1), &v, &out);
-          const auto t0 = std::chrono::steady_clock::now();
-          for (int k = 0; k < iters; ++k) collectives::allreduce(c, desc(OpKind::kAllreduce, 1), &v, &out);
-          us[r] = std::chrono::duration<double, std::micro>(std::chrono::steady_clock::now() - t0).count() / iters;
-        });
-        std::printf("[ timing ] %2d ranks %-8s %8.2f us per 4 B allreduce\n", n, tree ? "tree" : "one-shot", us[0]);
-      }
-    }
-  }
-}
-
-}  // namespace
-}  // namespace braid

@@ -28,7 +28,7 @@
 // - Tensor lifetime is the caller's: the buffers must stay allocated until
 //   endEvent() has completed (the backend stashes the tensors on its Work,
 //   or records them on stream() with the caching allocator).
-// - Failure (Note [NCCL failures] in nccl_executor.cc): an async error from
+// - Failure (Note [NCCL failures] in nccl_work.cc): an async error from
 //   NCCL, an op past its deadline, or abort() fails every pending op, aborts
 //   every communicator (ncclCommAbort: the kernels return, so the end events
 //   complete and nothing that waits on them hangs), and makes every later

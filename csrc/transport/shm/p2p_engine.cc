@@ -435,7 +435,8 @@ void P2PEngine::failExpired() {
       }
       const bool started = s.pos > 0;
       if (started) {
-        // Note [Started messages]: part of this message is in the ring, and
+        // Note [Started messages]
+        // Part of this message is in the ring, and
         // the peer would read the next frame as its payload. The caller gets
         // its error and may reuse or free its buffer (completing may drop the
         // last reference to it), so the rest goes from a copy made first.

@@ -441,7 +441,8 @@ void ShmWindow::readPeer(int peer, uint64_t remoteAddr, void* dst, size_t bytes,
     int e = errno;
     std::string why;
     if (peerGone(peer, &why)) BRAID_THROW(PeerLostError, ctx.op, rank_, why, " in op #", ctx.opSeq);
-    // Note [A peer that leaves during a direct read]: a peer publishes its
+    // Note [A peer that leaves during a direct read]
+    // A peer publishes its
     // buffer's address and keeps it mapped until its readers are done, unless
     // it leaves the op. ESRCH: its address space is gone, it is exiting (not
     // yet a zombie, so peerGone cannot tell yet). EFAULT: it is alive but left

@@ -11,7 +11,8 @@ right until then, the braid threads left after destroying the group) and
 exits 0. The victim writes DIR/t0 (time.monotonic(), which is CLOCK_MONOTONIC
 and so comparable between processes) just before the fault takes effect.
 
-Where each fault lands (Note [Injection points]):
+Note [Injection points]
+Where each fault lands:
 - exit0, exit1, hang: on the main thread, just before the victim's op call;
   for ddp inside backward (a hook on the weight's gradient), so the victim
   leaves in the middle of the reducer's work.
