@@ -87,3 +87,22 @@ def test_info_shows_the_cores_and_the_spin_policy():
     assert f"{cores} rank(s) here on {cores} core(s)" in proc.stdout
     assert "every rank has a core; waits spin 1000 us" in proc.stdout, proc.stdout[:2000]
     assert "ranks outnumber the cores; waits spin 20 us" in proc.stdout, proc.stdout[:2000]
+
+
+def test_settings_markdown_is_docs_settings_md():
+    """docs/settings.md is the output of `python -m torch_braid.info --settings-markdown`, so the
+    settings' documentation cannot drift from the registry the code declares them in."""
+    if H.BACKEND != "braid" and importlib.util.find_spec("torch_braid") is None:
+        pytest.skip("torch_braid is not importable (backend under test is not braid)")
+    # Set values must not leak into the file: it lists defaults only.
+    env = dict(os.environ, BRAID_LOG_LEVEL="debug",
+               PYTHONPATH=os.pathsep.join([H.PYTHON_DIR, os.environ.get("PYTHONPATH", "")]))
+    proc = subprocess.run([sys.executable, "-m", "torch_braid.info", "--settings-markdown"],
+                          env=env, capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 0, f"exit code {proc.returncode}:\n{proc.stdout}\n{proc.stderr}"
+    with open(os.path.join(H.REPO, "docs", "settings.md")) as f:
+        expected = f.read()
+    assert proc.stdout == expected, (
+        "docs/settings.md differs from the settings registry; regenerate it from the repository "
+        "root with: PYTHONPATH=python /usr/bin/python3 -m torch_braid.info --settings-markdown "
+        "> docs/settings.md")
