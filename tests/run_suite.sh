@@ -9,6 +9,10 @@ repo=$(cd "$(dirname "$0")/.." && pwd)
 cd "$repo"
 PY=/usr/bin/python3
 tier=${BRAID_TEST_TIER:-fast}
+# Every build below (setup.sh's, the C++ tests', pip's) shares the machine's compiler cache,
+# with paths hashed relative to the checkout, so that a fresh clone reuses it.
+export CCACHE_DIR=${CCACHE_DIR:-/var/cache/braid/ccache} CCACHE_BASEDIR=${CCACHE_BASEDIR:-$repo}
+export CCACHE_NOHASHDIR=1 CCACHE_MAXSIZE=${CCACHE_MAXSIZE:-8G}
 # setup.sh first: on a fresh machine it is what installs torch.
 echo "=== build" >&2
 "$repo/tools/setup.sh"
@@ -58,7 +62,7 @@ echo "=== torch $torch_version: pip install --no-build-isolation . into a venv" 
 venv="$build/venv"
 rm -rf "$venv"
 $PY -m venv --system-site-packages "$venv"
-BRAID_BUILD_DIR="$build/pip" BRAID_BUILD_TESTS=OFF CCACHE_DIR="${CCACHE_DIR:-$repo/build/ccache}" \
+BRAID_BUILD_DIR="$build/pip" BRAID_BUILD_TESTS=OFF \
   "$venv/bin/python" -m pip install -q --no-build-isolation --no-deps --no-index "$repo" >&2
 (cd "$build" && "$venv/bin/python" -m torch_braid.info | grep -E "^braid|torch  |pybind11") >&2
 # What ships holds no simulator (Note [Simulators outside the product]).

@@ -28,7 +28,10 @@ if ((${#missing[@]})); then
 fi
 
 cd "$repo"
-export CCACHE_DIR=${CCACHE_DIR:-$repo/build/ccache}
+# One cache per machine, outside the checkout, so that a fresh clone (CI's) compiles what
+# another clone compiled already: CCACHE_BASEDIR makes the paths in the hash relative.
+export CCACHE_DIR=${CCACHE_DIR:-/var/cache/braid/ccache} CCACHE_BASEDIR=${CCACHE_BASEDIR:-$repo}
+export CCACHE_NOHASHDIR=1 CCACHE_MAXSIZE=${CCACHE_MAXSIZE:-8G}
 echo "setup: building torch_braid for $($PY -c 'import torch; print("torch", torch.__version__)')" >&2
 log=$(mktemp)
 # BRAID_BUILD_SIM: the tests' simulated CUDA device (tests/sim), which pip never builds.

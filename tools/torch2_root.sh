@@ -96,5 +96,5 @@ cp /etc/hosts "$root/etc/hosts" 2>/dev/null || true
 
 # Debian's torch 2.6 has no libuv TCPStore.
 env -i PATH=/usr/sbin:/usr/bin:/sbin:/bin HOME=/root USE_LIBUV=0 CI="${CI:-}" \
-  BRAID_TEST_TIER="${BRAID_TEST_TIER:-fast}" CCACHE_DIR=/braid/build/ccache-root \
+  BRAID_TEST_TIER="${BRAID_TEST_TIER:-fast}" CCACHE_DIR=/var/cache/braid/ccache \
   chroot "$root" /bin/bash -c 'cd /braid && "$@"' bash "$@"
