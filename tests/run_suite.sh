@@ -3,12 +3,25 @@
 # the C++ suites (ctest), the Python suites (pytest), and a consumer of the
 # installed CMake package. tests/run_all.sh runs this once per torch version.
 #
-# BRAID_TEST_TIER=fast (default) or all (adds the slow tier).
+# BRAID_TEST_TIER=fast (default) or all (adds the slow tier);
+# BRAID_TEST_SLOW_SHARD=K/N adds shard K of the slow tier's N after the fast tier
+# (Note [Slow-tier shards] in tests/python/conftest.py).
+# Each phase's time goes to stderr at the end, and to $BRAID_PHASES_FILE when set
+# (tests/run_all.sh collects them).
 set -euo pipefail
 repo=$(cd "$(dirname "$0")/.." && pwd)
 cd "$repo"
 PY=/usr/bin/python3
 tier=${BRAID_TEST_TIER:-fast}
+leg=$(. /etc/os-release 2>/dev/null; echo "${VERSION_CODENAME:-host}")
+phases=()
+phase_start=$SECONDS
+phase() {  # phase NAME: the time since the last phase ended
+  local line; line=$(printf '%-34s %5d s' "$leg: $1" $((SECONDS - phase_start)))
+  phases+=("$line")
+  [[ -z "${BRAID_PHASES_FILE:-}" ]] || echo "$line" >>"$BRAID_PHASES_FILE"
+  phase_start=$SECONDS
+}
 # Every build below (setup.sh's, the C++ tests', pip's) shares the machine's compiler cache,
 # with paths hashed relative to the checkout, so that a fresh clone reuses it.
 export CCACHE_DIR=${CCACHE_DIR:-/var/cache/braid/ccache} CCACHE_BASEDIR=${CCACHE_BASEDIR:-$repo}
@@ -20,10 +33,12 @@ torch_version=$($PY -c 'import torch; print(torch.__version__.split("+")[0])')
 pyver=$($PY -c 'import sys; print(f"{sys.version_info.major}{sys.version_info.minor}")')
 build="$repo/build/py$pyver-torch$torch_version"
 
+phase "build"
 echo "=== torch $torch_version: C++ tests" >&2
 cmake --build "$build" -j "$(nproc)" >/dev/null
 ctest --test-dir "$build" --output-on-failure -j "$(nproc)" --timeout 600
 
+phase "C++ tests"
 echo "=== torch $torch_version: installed-package consumer" >&2
 prefix="$build/install"
 cmake --install "$build" --prefix "$prefix" >/dev/null
@@ -31,6 +46,7 @@ cmake -S tests/package -B "$build/consumer" -DCMAKE_PREFIX_PATH="$prefix" >/dev/
 cmake --build "$build/consumer" -j "$(nproc)" >/dev/null
 "$build/consumer/consumer"
 
+phase "installed-package consumer"
 echo "=== torch $torch_version: C++ DDP example under torchrun --no_python" >&2
 cmake -S examples/cpp -B "$build/example" -DCMAKE_PREFIX_PATH="$prefix" >/dev/null
 cmake --build "$build/example" -j "$(nproc)" >/dev/null
@@ -55,6 +71,7 @@ else
   echo "skipped the torchrun run: $why" >&2
 fi
 
+phase "C++ DDP example under torchrun"
 echo "=== torch $torch_version: pip install --no-build-isolation . into a venv" >&2
 # As a pip user installs braid: into an environment that holds torch, with no
 # pybind11 of its own (Note [One pybind11 per process]), then imported from
@@ -73,12 +90,22 @@ export PYTHONPATH="$repo/python${PYTHONPATH:+:$PYTHONPATH}"
 # The GPU machine's check script in its no-GPU mode (about 30 s), so that it does not rot
 # between GPU runs: syntax, the test globs, gpu_smoke.py on the CPU path, the benchmarks' CUDA
 # message. On the host only: tools/torch2_root.sh mounts the repository at /braid.
+phase "pip install into a venv"
 if [[ $repo != /braid ]]; then
   echo "=== torch $torch_version: tools/gpu_check.sh without a GPU" >&2
   BRAID_PYTHON=$PY BRAID_GPU_CHECK_MODE=nogpu "$repo/tools/gpu_check.sh" "$build/gpu-check" >&2
+  phase "tools/gpu_check.sh without a GPU"
 fi
 
 echo "=== torch $torch_version: Python tests ($tier tier)" >&2
 marker=(-m "not slow")
 [[ $tier == all ]] && marker=()
 $PY -m pytest tests/python -q -p no:cacheprovider "${marker[@]}" ${BRAID_PYTEST_ARGS:-}
+phase "Python tests ($tier tier)"
+if [[ -n "${BRAID_TEST_SLOW_SHARD:-}" && $tier != all ]]; then
+  echo "=== torch $torch_version: Python tests, slow tier shard $BRAID_TEST_SLOW_SHARD" >&2
+  $PY -m pytest tests/python -q -p no:cacheprovider -m slow \
+    --slow-shard "$BRAID_TEST_SLOW_SHARD" ${BRAID_PYTEST_ARGS:-}
+  phase "Python tests (slow shard $BRAID_TEST_SLOW_SHARD)"
+fi
+[[ -n "${BRAID_PHASES_FILE:-}" ]] || printf 'run_suite: %s\n' "${phases[@]}" >&2

@@ -4,13 +4,18 @@
 # bind-mounted at /braid.
 #
 #   tools/torch2_root.sh [--suite trixie|forky] -- COMMAND...
+#   tools/torch2_root.sh [--suite trixie|forky] --prepare     (make the root only)
 #
 # BRAID_ROOT_DIR (default /var/tmp/braid-roots) holds the roots; they are
 # reused across runs. Needs root (debootstrap, mount, chroot).
 set -euo pipefail
 
 suite=trixie
+prepare_only=0
 if [[ "${1:-}" == "--suite" ]]; then suite=$2; shift 2; fi
+# --prepare: make (or complete) the root and stop; tests/run_all.sh runs it in the
+# background while the first leg's tests run.
+if [[ "${1:-}" == "--prepare" ]]; then prepare_only=1; shift; fi
 [[ "${1:-}" == "--" ]] && shift
 
 repo=$(cd "$(dirname "$0")/.." && pwd)
@@ -72,6 +77,8 @@ if [[ $suite == trixie ]] &&
   }
 fi
 
+((prepare_only)) && exit 0
+
 # The mounts live in a private mount namespace of this command: they vanish
 # with it, and runs from several checkouts (worktrees) at once do not see or
 # unmount each other's /braid.
@@ -96,5 +103,6 @@ cp /etc/hosts "$root/etc/hosts" 2>/dev/null || true
 
 # Debian's torch 2.6 has no libuv TCPStore.
 env -i PATH=/usr/sbin:/usr/bin:/sbin:/bin HOME=/root USE_LIBUV=0 CI="${CI:-}" \
-  BRAID_TEST_TIER="${BRAID_TEST_TIER:-fast}" CCACHE_DIR=/var/cache/braid/ccache \
+  BRAID_TEST_TIER="${BRAID_TEST_TIER:-fast}" BRAID_TEST_SLOW_SHARD="${BRAID_TEST_SLOW_SHARD:-}" \
+  BRAID_PHASES_FILE="${BRAID_PHASES_FILE:-}" CCACHE_DIR=/var/cache/braid/ccache \
   chroot "$root" /bin/bash -c 'cd /braid && "$@"' bash "$@"
