@@ -10,7 +10,8 @@ Environment:
   CI=true / BRAID_STRICT_SKIPS=1  strict: mismatches fail (BRAID_STRICT_SKIPS=0: never)
   BRAID_SKIPS_LEG=NAME            the list's name (default torch-MAJOR.MINOR, plus -BACKEND
                                   when the backend under test is not braid)
-  BRAID_SKIPS_LIST=FILE           another list file than tests/skips/<leg>.txt
+  BRAID_SKIPS_LIST=FILE           another list file than tests/skips/<leg>.txt (ctest:
+                                  BRAID_SKIPS_CPP_LIST, for tests/skips/cpp-<leg>.txt)
   BRAID_SKIPS_WRITE=FILE|DIR      write the skips seen, in the list's format, to FILE; or,
                                   given a directory, to DIR/<leg>.txt (pytest) and
                                   DIR/cpp-<leg>.txt (ctest). BRAID_SKIPS_WRITE=tests/skips
@@ -40,7 +41,8 @@ entry's tests whole in that tier: every test file the glob can match was collect
 (the run was given tests/python, or the file, or the test function the glob names) and no
 test of that tier matching the glob was deselected (-m, -k), and the run did not stop early
 (-x). A partial run (one file, -m slow shards) thus checks what it ran, and the full run
-checks the counts. Outside CI mismatches are printed, not fatal: a developer's machine
+checks the counts. (A selection that drops tests must report them through the
+pytest_deselected hook, as -m and -k do, or the run counts as whole.) Outside CI mismatches are printed, not fatal: a developer's machine
 may lack what CI has.
 
 Skips that depend on the machine are not listed: under CI they are failures (CI runs as
