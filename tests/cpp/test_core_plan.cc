@@ -10,6 +10,7 @@
 #include "collectives/shm/collectives.h"
 #include "common/settings.h"
 #include "core_group.h"
+#include "machine_skip.h"
 
 namespace braid {
 namespace {
@@ -82,7 +83,7 @@ TEST_P(Paths, GiveClosedForms) {
   cfg.directMinBytes = 0;
   Group g(n, testing::withConfig(testing::slots(512 << 10), cfg));
   if (path == Algo::kDirect && !g.comms[0]->window().canReadPeers()) {
-    GTEST_SKIP() << "direct reads are not permitted here";
+    BRAID_MACHINE_SKIP("direct reads are not permitted here");
   }
   runRanks(n, [&](int r) {
     Communicator& c = *g.comms[r];
@@ -196,7 +197,9 @@ TEST(Settings, DifferentWindowLayoutsFailEveryRank) {
 // reads turns them off for all, and every op agrees on its path.
 TEST(Settings, DirectReadsOffOnOneRankAreOffForAll) {
   Group probe(2, testing::slots(4096));
-  if (!probe.comms[0]->window().canReadPeers()) GTEST_SKIP() << "direct reads are not permitted";
+  if (!probe.comms[0]->window().canReadPeers()) {
+    BRAID_MACHINE_SKIP("direct reads are not permitted");
+  }
   testing::MemoryStore store;
   std::vector<std::unique_ptr<Communicator>> comms(2);
   runRanks(2, [&](int r) {
@@ -283,7 +286,7 @@ TEST(Alltoall, FollowsDirectOpsAndTheLargestBlock) {
           transport::shm::ShmWindow::create(store, r, n, w), &reads);
       comms[r] = std::make_unique<Communicator>(std::move(win), cfg);
     });
-    if (!comms[0]->window().canReadPeers()) GTEST_SKIP() << "direct reads are not permitted";
+    if (!comms[0]->window().canReadPeers()) BRAID_MACHINE_SKIP("direct reads are not permitted");
     runRanks(n, [&](int r) {
       auto bytes = [&](int from) { return from == 0 ? k.bigBlock : 40; };
       std::vector<uint64_t> sendB(n, bytes(r)), recvB(n);

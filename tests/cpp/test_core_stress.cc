@@ -25,6 +25,7 @@
 #include "collectives/shm/collectives.h"
 #include "transport/shm/p2p_engine.h"
 #include "core_group.h"
+#include "machine_skip.h"
 #include "memory_store.h"
 #include "transport/shm/window.h"
 
@@ -142,7 +143,7 @@ TEST_P(Oversubscribed, EightRanksOnTwoCoresAllCollectives) {
   const int n = 8;
   const size_t counts[] = {0, 1, 5, 1023, 1024, 3001, 9000};
   Group g(n, paths(4096));
-  if (directUnavailable(*g.comms[0])) GTEST_SKIP() << "direct reads are not permitted here";
+  if (directUnavailable(*g.comms[0])) BRAID_MACHINE_SKIP("direct reads are not permitted here");
   runRanks(n, [&](int r) {
     pinToTwoCpus();
     std::mt19937 rng(1234 + r);
@@ -254,7 +255,7 @@ TEST_P(BufferReuse, BuffersAreReusableAsSoonAsAnOpReturns) {
   const int n = 4;
   const size_t count = 3000;  // 12000 bytes: three 4 KiB slots
   Group g(n, paths(4096));
-  if (directUnavailable(*g.comms[0])) GTEST_SKIP() << "direct reads are not permitted here";
+  if (directUnavailable(*g.comms[0])) BRAID_MACHINE_SKIP("direct reads are not permitted here");
   runRanks(n, [&](int r) {
     Communicator& c = *g.comms[r];
     std::mt19937 rng(5 + r);
@@ -325,7 +326,7 @@ TEST_P(ConcurrentGroups, ThreeGroupsPerRankFromDifferentThreads) {
     for (auto& x : t) x.join();
   }
   if (directUnavailable(*groups[0]->comms[0]))
-    GTEST_SKIP() << "direct reads are not permitted here";
+    BRAID_MACHINE_SKIP("direct reads are not permitted here");
   // The body for one member of one group: 150 allreduces (chunked every third
   // time) and a broadcast, with group-specific values.
   auto drive = [&](int gid, int gr, int gn) {

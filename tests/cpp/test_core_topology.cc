@@ -5,6 +5,7 @@
 #include <cstdio>
 #include <mutex>
 
+#include "machine_skip.h"
 #include "memory_store.h"
 #include "own_mount_ns.h"
 #include "transport/host.h"
@@ -113,7 +114,7 @@ TEST(HostIdentity, AnOwnDevShmMakesAnotherHost) {
   ::unsetenv("BRAID_HOST_ID_OVERRIDE");
   const std::string mine = transport::hostIdentity();
   const std::string same = identityInOwnMountNamespace(false);
-  if (same.empty()) GTEST_SKIP() << "cannot enter a mount namespace here (needs root)";
+  if (same.empty()) BRAID_MACHINE_SKIP("cannot enter a mount namespace here (needs root)");
   EXPECT_EQ(same, mine) << "the same /dev/shm seen from another mount namespace";
   const std::string own = identityInOwnMountNamespace(true);
   ASSERT_FALSE(own.empty());

@@ -15,6 +15,7 @@
 #include <vector>
 
 #include "core_group.h"
+#include "machine_skip.h"
 #include "own_mount_ns.h"
 #include "tcp_group.h"
 #include "transport/routed.h"
@@ -306,7 +307,7 @@ TEST(ShmRoom, AFullDevShmFailsCleanly) {
     std::perror("execl");
     _exit(1);
   });
-  if (!run) GTEST_SKIP() << "cannot mount a /dev/shm of its own here (needs root)";
+  if (!run) BRAID_MACHINE_SKIP("cannot mount a /dev/shm of its own here (needs root)");
   EXPECT_TRUE(WIFEXITED(run->status) && WEXITSTATUS(run->status) == 0) << run->out;
   EXPECT_NE(run->out.find("[  PASSED  ] 1 test"), std::string::npos) << run->out;
   EXPECT_EQ(run->out.find("SKIPPED"), std::string::npos) << run->out;

@@ -8,7 +8,7 @@
 # untouched); inputs it finds go to build/fuzz/corpus_tcp_frame. A crash
 # leaves its input in build/fuzz/ (crash-*) and fails the script. Needs
 # clang with libFuzzer (Debian: clang, libclang-rt-14-dev); installs them
-# with apt when missing and running as root, else skips saying why.
+# with apt when missing and running as root, else skips saying why (fails under CI=true).
 set -euo pipefail
 repo=$(cd "$(dirname "$0")/../.." && pwd)
 secs=${1:-${BRAID_FUZZ_SECONDS:-60}}
@@ -25,7 +25,16 @@ if [[ -z $cxx ]] || ! ls /usr/lib/llvm-*/lib/clang/*/lib/linux/libclang_rt.fuzze
       libclang-rt-14-dev >/dev/null
     cxx=${BRAID_FUZZ_CXX:-$(find_cxx)}
   else
-    echo "fuzz: skipped: clang++ with libFuzzer is not installed (apt install clang libclang-rt-14-dev)" >&2
+    why="clang++ with libFuzzer is not installed (apt install clang libclang-rt-14-dev)"
+    # Under CI a fuzzer that cannot be built is a failure, not a skip (Note [Expected skips]
+    # in tests/python/skips.py).
+    ci=${CI:-}
+    if [[ ${BRAID_STRICT_SKIPS:-} == 1 ]] ||
+       [[ ${BRAID_STRICT_SKIPS:-} != 0 && ${ci,,} =~ ^(true|1|yes)$ ]]; then
+      echo "fuzz: FAILED: $why; under CI=true (or BRAID_STRICT_SKIPS=1) that is no skip" >&2
+      exit 1
+    fi
+    echo "fuzz: skipped: $why" >&2
     exit 0
   fi
 fi

@@ -12,6 +12,8 @@ op product). Environment:
   BRAID_TEST_NATIVE_STACKS=1  on such a timeout, add gdb's C++ stacks of the stuck ranks
   BRAID_TEST_PG_TIMEOUT       group timeout in pooled worlds (30)
   BRAID_TEST_MAX_WORLDS       pooled worlds alive at once (2; also --max-worlds)
+  CI=true, BRAID_STRICT_SKIPS, BRAID_SKIPS_*: the skips against tests/skips/<leg>.txt
+                              (skips.py; Note [Expected skips] in tests/python/skips.py)
 """
 
 import os
@@ -21,6 +23,7 @@ import pytest
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import harness  # noqa: E402
+import skips  # noqa: E402
 
 for _d in (harness.SIM_DIR, harness.PYTHON_DIR):
     if _d not in sys.path:
@@ -41,6 +44,8 @@ def pytest_addoption(parser):
 def pytest_configure(config):
     config.addinivalue_line("markers", "slow: slow tier (world sizes 6-8, large counts)")
     config.addinivalue_line("markers", "braid_only: checks braid's own behaviour or messages")
+    config.addinivalue_line("markers", "machine(why): the machine cannot run the test when why "
+                            "is not None: a skip, a failure under CI (harness.machine_skip)")
     backend = config.getoption("--backend")
     if backend:
         harness.BACKEND = backend
@@ -53,6 +58,14 @@ def pytest_configure(config):
                 f"cannot import torch_braid ({e}). Build it with `/usr/bin/python3 setup.py "
                 f"build_ext --inplace`, or run the suites against gloo with "
                 f"BRAID_TEST_BACKEND=gloo.")
+    config.pluginmanager.register(skips.SkipAccounting(config, harness.BACKEND), "braid-skips")
+
+
+@pytest.hookimpl(tryfirst=True)
+def pytest_runtest_setup(item):
+    for m in item.iter_markers("machine"):
+        if m.args and m.args[0]:
+            harness.machine_skip(m.args[0])
 
 
 def pytest_report_header(config):

@@ -29,9 +29,20 @@ RUN_TIMEOUT_S = 240
 
 
 def braid_available():
-    try:
+    """Whether the benchmarks can run braid. When braid is the backend under test it must
+    (conftest.py made sure torch_braid imports): its import failing, or braid missing from
+    torch's backends after it, fails the test instead of leaving braid out of the run."""
+    import harness
+
+    if harness.BACKEND == "braid":
         import torch_braid  # noqa: F401
-    except Exception:
+
+        assert "BRAID" in getattr(dist.Backend, "_plugins", {}), \
+            f"torch_braid imported but registered no backend: {dist.Backend._plugins}"
+        return True
+    try:
+        import torch_braid  # noqa: F401,F811
+    except ImportError:
         return False
     return "BRAID" in getattr(dist.Backend, "_plugins", {})
 

@@ -17,11 +17,23 @@ import harness as H
 
 
 def _has_device_coalescing(ctx):
+    """Whether this torch coalesces for custom backends (_coalescing_manager takes a device).
+    Where torch asks the backend (Backend.supports_coalescing, after 2.6), braid's must say
+    True: its own flag turning false is a regression, which fails here rather than skipping
+    the tests (on torch 2.6, which has no such flag, that skip hid every case)."""
     from torch.distributed import distributed_c10d as c10d
 
     cm = getattr(c10d, "_coalescing_manager", None)
-    return (cm is not None and "device" in inspect.signature(cm).parameters
-            and getattr(ctx.backend_object(), "supports_coalescing", False))
+    if cm is None or "device" not in inspect.signature(cm).parameters:
+        return False
+    be = ctx.backend_object()
+    if not hasattr(type(be), "supports_coalescing"):
+        return True  # torch 2.6: no backend is asked; the manager calls _start_coalescing
+    assert be.supports_coalescing is True, (
+        f"rank {ctx.rank}: braid's backend has supports_coalescing = {be.supports_coalescing!r} "
+        f"on torch {ctx.torch.__version__}, whose _coalescing_manager coalesces for backends "
+        f"that say True")
+    return True
 
 
 def _manager_allreduce(ctx, count, async_ops):

@@ -280,15 +280,13 @@ def _coalesced(ctx):
             ch.equal(f"all_gather_coalesced[{q}][{k}]", sim.read(outs[q][k]),
                      H.pattern(q, k, c, torch.float32))
     if hasattr(dist, "all_reduce_coalesced"):
+        # Where torch has the entry point it reaches braid's allreduce_coalesced (torch 1.13
+        # and 2.6 register its kernel for CUDA tensors): any error is a failure, shown whole.
         ts = [_to_dev(sim, torch.full((c,), float(r + 1)), dev) for c in counts]
-        try:
-            dist.all_reduce_coalesced(ts)
-        except RuntimeError as e:  # a torch without the entry point's kernel
-            ch.true("all_reduce_coalesced", "not" in str(e), str(e))
-        else:
-            for k, c in enumerate(counts):
-                ch.equal(f"all_reduce_coalesced[{k}]", sim.read(ts[k]),
-                         torch.full((c,), float(n * (n + 1) // 2)))
+        dist.all_reduce_coalesced(ts)
+        for k, c in enumerate(counts):
+            ch.equal(f"all_reduce_coalesced[{k}]", sim.read(ts[k]),
+                     torch.full((c,), float(n * (n + 1) // 2)))
     return ch.report()
 
 

@@ -10,6 +10,7 @@ small so that ops run in several chunks. A rank that exits mid-op makes the othe
 fail within the timeout, naming it, and nothing is left in /dev/shm.
 """
 
+import contextlib
 import os
 
 import pytest
@@ -27,12 +28,27 @@ def _group(ctx):
     import braid_sim
 
     braid_sim.install(1)
-    os.environ["BRAID_CUDA_SAME_GPU_BYTES"] = str(2 * HALF)
-    group = ctx.dist.new_group(list(range(ctx.size)))
-    t = ctx.torch.zeros(1, device="cuda:0")
-    ctx.dist.all_reduce(t, group=group)
+    with _env("BRAID_CUDA_SAME_GPU_BYTES", str(2 * HALF)):
+        group = ctx.dist.new_group(list(range(ctx.size)))
+        t = ctx.torch.zeros(1, device="cuda:0")
+        ctx.dist.all_reduce(t, group=group)
     backend = group._get_backend(ctx.torch.device("cuda", 0)) if ctx.torch2 else group
     return group, backend._cuda_executor()
+
+
+@contextlib.contextmanager
+def _env(name, value):
+    """`name` set to `value` while the group is made, then as it was: the worlds are pooled,
+    and a setting left behind would reach the next test's groups."""
+    saved = os.environ.get(name)
+    os.environ[name] = value
+    try:
+        yield
+    finally:
+        if saved is None:
+            del os.environ[name]
+        else:
+            os.environ[name] = saved
 
 
 def _collectives(ctx, dtype_name, counts):
@@ -187,11 +203,8 @@ SMALL = 1024  # BRAID_CUDA_SAME_GPU_SMALL_BYTES in these groups (a half is 4 KiB
 
 
 def _small_group(ctx, small):
-    os.environ["BRAID_CUDA_SAME_GPU_SMALL_BYTES"] = str(small)
-    try:
+    with _env("BRAID_CUDA_SAME_GPU_SMALL_BYTES", str(small)):
         return _group(ctx)
-    finally:
-        del os.environ["BRAID_CUDA_SAME_GPU_SMALL_BYTES"]
 
 
 def _small_messages(ctx, dtype_name):

@@ -15,19 +15,9 @@ EXAMPLES = ["ddp_sampler", "ddp_checkpoint", "ddp_submodules", "ddp_hook"]
 TIMEOUT_S = float(os.environ.get("BRAID_EXAMPLE_TIMEOUT", "180"))
 
 
-def _hooks_importable():
-    try:
-        import torch_braid.hooks  # noqa: F401
-        return True
-    except Exception:
-        return False
-
-
 @pytest.mark.parametrize("name", EXAMPLES)
 @pytest.mark.skipif(bool(H.torchrun_unusable()), reason=str(H.torchrun_unusable()))
 def test_example(name, tmp_path):
-    if name == "ddp_hook" and not _hooks_importable():
-        pytest.skip("torch_braid._C is not built")
     script = os.path.join(H.REPO, "examples", name + ".py")
     env = dict(os.environ)
     env["BRAID_EXAMPLE_BACKEND"] = H.BACKEND

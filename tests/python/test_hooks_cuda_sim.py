@@ -21,7 +21,7 @@ import pytest
 import harness as H
 import test_hooks as T
 
-pytest.importorskip("torch_braid.hooks", reason="torch_braid._C is not built")
+import torch_braid.hooks  # noqa: E402,F401  (an import bug fails, it does not skip)
 
 
 pytestmark = [pytest.mark.braid_only, H.simulated_cuda_only()]

@@ -114,8 +114,10 @@ def _threads_after_destroy(ctx):
     sub = ctx.dist.new_group(list(range(ctx.size)), backend=ctx.backend, timeout=ctx.timeout)
     ok = _collectives_ok(ctx) and _collectives_ok(ctx, sub)
     during = H.braid_threads()
-    w = ctx.dist.all_reduce(torch.ones(4), async_op=True)
+    t = torch.ones(4)
+    w = ctx.dist.all_reduce(t, async_op=True)
     w.wait()
+    ok = ok and torch.equal(t, torch.full((4,), float(ctx.size)))  # the async result, read
     del sub, w
     ctx.dist.destroy_process_group()
     gc.collect()
@@ -184,20 +186,27 @@ def _destroy_with_work_in_flight(ctx, rounds):
     the teardown releases the GIL.
     """
     torch, dist = ctx.torch, ctx.dist
+    results = []
     for i in range(rounds):
         _init_with(ctx, "store", f"inflight{i}")
+        # One kept and read before the dropped ones go in: the group worked this round.
+        kept = torch.full((1 << 10,), float(ctx.rank + 1 + i))
+        dist.all_reduce(kept, async_op=True).wait()
+        results.append(kept.eq(sum(r + 1 + i for r in range(ctx.size))).all().item())
         for _ in range(16):
             dist.all_reduce(torch.full((1 << 16,), 1.0), async_op=True)
         dist.destroy_process_group()
-    return True
+    return results
 
 
 def test_destroy_with_dropped_async_work():
     world = H.World(2, init=False, name="inflight")
     try:
-        world.run(_destroy_with_work_in_flight, 10, timeout=30)
+        results = world.run(_destroy_with_work_in_flight, 10, timeout=30)
     finally:
         _closed_cleanly(world)
+    for r, res in enumerate(results):
+        assert res == [True] * 10, f"rank {r}: per round, the kept allreduce right: {res}"
 
 
 @pytest.mark.skipif(bool(H.torchrun_unusable()), reason=str(H.torchrun_unusable()))

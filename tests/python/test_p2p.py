@@ -75,11 +75,12 @@ def _tags_out_of_order(ctx):
     torch, dist = ctx.torch, ctx.dist
     ch = H.Checker(ctx)
     if ctx.rank == 0:
-        works = [dist.isend(torch.full((4,), 1.0), 1, tag=1),
-                 dist.isend(torch.full((6,), 2.0), 1, tag=2)]
+        sent = [torch.full((4,), 1.0), torch.full((6,), 2.0)]
+        works = [dist.isend(sent[0], 1, tag=1), dist.isend(sent[1], 1, tag=2)]
         for w in works:
             w.wait()
-        ch.true("sent", True)
+        ch.equal("tag 1 send buffer untouched", sent[0], torch.full((4,), 1.0))
+        ch.equal("tag 2 send buffer untouched", sent[1], torch.full((6,), 2.0))
     elif ctx.rank == 1:
         second = torch.zeros(6)
         first = torch.zeros(4)
@@ -154,7 +155,8 @@ def _strided_p2p(ctx):
     if ctx.rank == 0:
         src = torch.arange(40, dtype=torch.float32).view(8, 5).t()  # non-contiguous
         dist.send(src, 1)
-        ch.true("sent", True)
+        ch.equal("strided send buffer untouched", src,
+                 torch.arange(40, dtype=torch.float32).view(8, 5).t())
     elif ctx.rank == 1:
         base = torch.full((80,), -7.0)
         dst = base[::2].view(5, 8)  # strided rows

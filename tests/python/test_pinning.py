@@ -110,7 +110,7 @@ def test_binding_follows_the_setting(mode, n):
         assert not rep["bound_after"], f"rank {r}: still bound after destroy"
 
 
-@pytest.mark.skipif((os.cpu_count() or 1) < 2, reason="needs two CPUs to place a rank")
+@pytest.mark.machine(None if (os.cpu_count() or 1) >= 2 else "needs two CPUs to place a rank")
 def test_a_placed_rank_is_left_alone():
     cpu = sorted(os.sched_getaffinity(0))[-1]
     reports = _run(3, {"BRAID_PIN_RANKS": "auto"}, place={cpu})

@@ -15,7 +15,7 @@ import pytest
 
 import harness as H
 
-pytest.importorskip("torch_braid.ddp", reason="torch_braid._C is not built")
+import torch_braid.ddp  # noqa: E402,F401  (an import bug fails, it does not skip)
 
 import torch  # noqa: E402
 from torch import nn  # noqa: E402
@@ -457,8 +457,6 @@ def test_average_bits_divides_first(world, group, hook):
 @W2
 @pytest.mark.parametrize("hook", ["python", "cpp", "braid_hooks"])
 def test_comm_hooks(world, hook):
-    if hook == "braid_hooks":
-        pytest.importorskip("torch_braid.hooks")
     _ok(world, model="mlp", hook=hook, **TINY)
 
 

@@ -86,8 +86,12 @@ def _collectives_in_group(ctx, name):
     ch = H.Checker(ctx)
     ranks, g = _groups(ctx)[name]
     me = ctx.rank
-    if me not in ranks:
-        ch.true("not a member", True)
+    if me not in ranks:  # outside the group: a no-op that returns None, the tensor untouched
+        b = H.pattern(me, 0, 11, torch.float32)
+        ret = dist.broadcast(b, ranks[-1], group=g)
+        ch.true(f"non-member broadcast in {name} returns None", ret is None, repr(ret))
+        ch.equal(f"non-member tensor untouched by broadcast in {name}", b,
+                 H.pattern(me, 0, 11, torch.float32))
         return ch.report()
     k = len(ranks)
     root = ranks[-1]
@@ -131,12 +135,13 @@ def _p2p_in_group(ctx):
     if me in ranks and len(ranks) >= 2:
         first, last = ranks[0], ranks[-1]
         if me == first:
-            dist.send(H.pattern(me, last, 7, torch.float32), last, group=g)
+            sent = H.pattern(me, last, 7, torch.float32)
+            dist.send(sent, last, group=g)
+            ch.equal("subgroup send buffer untouched", sent, H.pattern(me, last, 7, torch.float32))
         elif me == last:
             buf = torch.zeros(7)
             dist.recv(buf, first, group=g)
             ch.equal("subgroup recv", buf, H.pattern(first, last, 7, torch.float32))
-    ch.true("done", True)
     return ch.report()
 
 

@@ -97,8 +97,12 @@ def compile_missing():
         return "this torch has no torch.compile"
     try:
         import torch._dynamo  # noqa: F401
-    except Exception as e:  # Debian's build may leave dynamo out
-        return f"torch._dynamo does not import here ({e!r})"
+    except ModuleNotFoundError as e:
+        # Only the module missing is a reason to skip (a build that leaves dynamo out);
+        # anything else going wrong in its import is a failure, not a skip.
+        if e.name != "torch._dynamo":
+            raise
+        return f"this torch has no torch._dynamo ({e})"
     return None
 
 

@@ -178,6 +178,7 @@ class Soak:
         for g, m in zip(self.groups, GROUPS):
             start_p2p(ctx, g, list(range(WORLD)) if m is None else sorted(m))
         self.window = collections.deque()  # (work, check) of async ops, oldest first
+        self.store = ctx.store("soak-barriers")  # op_barrier's count of members entered
         self.kinds = collections.Counter()
         self.asyncs = 0
 
@@ -353,8 +354,17 @@ class Soak:
                                          self._block(root, self.rank, i, n, dtype)))
 
     def op_barrier(self, s, torch, dist, group, members):
-        self.issue(s, lambda a: [dist.barrier(group=group, async_op=a)],
-                   lambda: self.ch.true(self._what(s), True))
+        # What a barrier promises: no member is through it before every member has entered.
+        # Each member counts itself in (the parent's store) before entering; once through,
+        # the count must be the group's size.
+        key = f"op{s['i']}"
+        self.store.add(key, 1)
+
+        def check():
+            entered = self.store.add(key, 0)
+            self.ch.true(self._what(s) + ": every member entered before any got through",
+                         entered == len(members), f"{entered} of {len(members)} had entered")
+        self.issue(s, lambda a: [dist.barrier(group=group, async_op=a)], check)
 
     def op_send_recv(self, s, torch, dist, group, members):
         dtype, n, i, src, dst, tag = (self._dtype(s), s["count"], s["i"], s["src"], s["dst"],
