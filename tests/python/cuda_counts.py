@@ -13,6 +13,8 @@ executor instead of NCCL's) fails it.
     ok, detail = cuda_counts.compare(backend, before, exp, "staged")
 """
 
+import math
+
 KEYS = ("staged_ops", "staged_d2h_bytes", "staged_h2d_bytes", "nccl_ops", "nccl_bytes")
 
 
@@ -42,6 +44,18 @@ class Expected:
         self.counts["staged_h2d_bytes"] += ops * h2d
         return self
 
+    def recorded(self, ops, nccl=False):
+        """The recorded ops (recorded_since), all on CUDA tensors: staged, each copies its
+        inputs in and its outputs back; on the NCCL executor, each counts its larger
+        buffer."""
+        for name, nin, nout in ops:
+            assert name in _WHOLE, f"no closed form here for {name} ({nin} -> {nout} bytes)"
+            if nccl:
+                self.nccl(max(nin, nout))
+            else:
+                self.staged(d2h=nin, h2d=nout)
+        return self
+
     def nccl(self, nbytes, ops=1):
         """`ops` ops on the NCCL executor, each of `nbytes`: its larger buffer on this rank."""
         self.counts["nccl_ops"] += ops
@@ -49,12 +63,42 @@ class Expected:
         return self
 
 
+# Element sizes of the flight recorder's dtype names (c10::toString).
+_BYTES = {"Float": 4, "Double": 8, "Half": 2, "BFloat16": 2, "Int": 4, "Long": 8, "Short": 2,
+          "Char": 1, "Byte": 1, "Bool": 1}
+# The ops whose staged copies are every input in and every output back, on every rank.
+_WHOLE = {"braid:all_reduce", "braid:broadcast", "braid:all_gather", "braid:_all_gather_base"}
+
+
+def recorded_mark():
+    """The last record id of braid's flight recorder in this process (torch_braid.fr):
+    recorded_since(mark) then lists the ops issued after this call."""
+    import torch_braid.fr as fr
+
+    return max((e["record_id"] for e in fr.entries()["entries"]), default=-1)
+
+
+def recorded_since(mark):
+    """(name, input bytes, output bytes) of every braid op this process issued after
+    `mark`, in order, as the flight recorder saw them (ops a library issues for us: DDP's
+    buckets, a hook's collectives)."""
+    import torch_braid.fr as fr
+
+    def nbytes(sizes, dtypes):
+        return sum(math.prod(s) * _BYTES[d] for s, d in zip(sizes, dtypes))
+
+    return [(e["profiling_name"], nbytes(e["input_sizes"], e["input_dtypes"]),
+             nbytes(e["output_sizes"], e["output_dtypes"]))
+            for e in sorted(fr.entries()["entries"], key=lambda e: e["record_id"])
+            if e["record_id"] > mark]
+
+
 def compare(backend, before, expected, executor):
-    """(ok, detail): the executor is `executor` and the counts moved by exactly
-    `expected` since `before` (a snapshot)."""
+    """(ok, detail): the executor is `executor` (None: any, or none yet) and the counts
+    moved by exactly `expected` since `before` (a snapshot)."""
     after = snapshot(backend)
     got = {k: after[k] - before[k] for k in KEYS}
-    ok = after["executor"] == executor and got == expected.counts
+    ok = executor in (None, after["executor"]) and got == expected.counts
     wrong = {k: (got[k], expected.counts[k]) for k in KEYS if got[k] != expected.counts[k]}
     detail = (f"executor {after['executor']!r} (expected {executor!r}); "
               f"(got, expected) counts: {wrong or 'as expected'}")
