@@ -26,6 +26,15 @@ def backend(ctx, device, group=None):
     return group._get_backend(device) if ctx.torch2 else group
 
 
+def chosen_backend(ctx, device, group=None):
+    """backend(), once the group chose its CUDA executor: an allreduce of one element
+    first. (The choice is made at the first op that could run on NCCL; an allgather of a
+    list, the coalesced forms, send and recv never ask, and the executor reads '' until
+    then.)"""
+    ctx.dist.all_reduce(ctx.torch.zeros(1, device=device), group=group)
+    return backend(ctx, device, group)
+
+
 def snapshot(backend):
     return dict(backend._cuda_executor_stats())
 

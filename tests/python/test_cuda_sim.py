@@ -150,7 +150,7 @@ def _send_recv(ctx, count):
     # A ring: each rank sends to the next and receives from the previous.
     send = _to_dev(sim, H.pattern(r, 9, count, torch.float32), dev)
     recv = sim.empty([count], torch.float32, dev)
-    backend = C.backend(ctx, torch.device("cuda", dev))
+    backend = C.chosen_backend(ctx, torch.device("cuda", dev))
     before = C.snapshot(backend)
     reqs = [dist.isend(send, (r + 1) % n), dist.irecv(recv, (r - 1) % n)]
     for q in reqs:
@@ -315,7 +315,7 @@ def _coalesced(ctx):
     counts = (0, 1, 1023)
     ins = [_to_dev(sim, H.pattern(r, k, c, torch.float32), dev) for k, c in enumerate(counts)]
     outs = [[sim.empty([c], torch.float32, dev) for c in counts] for _ in range(n)]
-    backend = C.backend(ctx, torch.device("cuda", dev))
+    backend = C.chosen_backend(ctx, torch.device("cuda", dev))
     before = C.snapshot(backend)
     dist.all_gather_coalesced(outs, ins)
     # One staged op for the list: every input in, every output back.

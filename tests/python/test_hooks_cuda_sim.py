@@ -110,7 +110,7 @@ def _counted(ctx, state, dev, counts):
     exactly `expected`; on the CPU the other way round, and the executor nothing."""
     steps, expected = counts
     hook = state._cpp_hook()
-    backend = C.backend(ctx, _cuda(ctx))
+    backend = C.chosen_backend(ctx, _cuda(ctx))
     d0, h0, before = hook.device_steps, hook.host_steps, C.snapshot(backend)
     yield
     on_cuda = dev.type == "cuda"
