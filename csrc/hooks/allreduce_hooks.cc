@@ -63,17 +63,23 @@ class CastCompressHook : public CommHook {
     checkBuffer(bucket.buffer, name());
     at::Tensor buffer = bucket.buffer;
     if (!gatherFallback_ && buffer.scalar_type() == wireType_) return allreduceMean(buffer);
-    if (braid_ && braid_->canNarrow(buffer)) return allreduceNarrowed(buffer);
+    if (braid_ && braid_->canNarrow(buffer)) {
+      // Both casts on the host, inside the collective.
+      branches_->count(buffer);
+      branches_->count(buffer);
+      return allreduceNarrowed(buffer);
+    }
     at::Tensor compressed = scratch(bucket.index, 0, buffer.numel(), wireType_, buffer.device());
     narrow(buffer, compressed, static_cast<float>(size_));
     if (gatherFallback_) return gatherAndSum(bucket.index, buffer, compressed);
     const at::ScalarType wireType = wireType_;
     return allreduceSum(compressed)
         ->then(std::function<c10::IValue(c10::ivalue::Future&)>(
-                   [buffer, compressed, wireType](c10::ivalue::Future& f) mutable {
+                   [buffer, compressed, wireType,
+                    counts = branches_](c10::ivalue::Future& f) mutable {
                      if (f.hasError()) std::rethrow_exception(f.exception_ptr());
                      recordOnCurrentStream(compressed);
-                     widenInto(buffer, compressed, wireType, /*accumulate=*/false);
+                     widenInto(buffer, compressed, wireType, /*accumulate=*/false, *counts);
                      return tensorListValue(buffer);
                    }),
                tensorListType());
@@ -88,9 +94,11 @@ class CastCompressHook : public CommHook {
   // compressed = round(buffer / divisor) in the wire type.
   void narrow(at::Tensor& buffer, at::Tensor& compressed, float divisor) const {
     if (buffer.scalar_type() == at::kFloat && buffer.is_cpu()) {
+      branches_->count(buffer);
       reduce::narrowDivided(buffer.data_ptr<float>(), bits(compressed), buffer.numel(), divisor,
                     half16(wireType_));
     } else if (buffer.scalar_type() == at::kFloat) {
+      branches_->count(buffer);
       narrowDividedAten(buffer, compressed, divisor);
     } else {  // float64 or 16-bit buckets: rare, ATen is fine
       buffer.div_(divisor);
@@ -99,9 +107,11 @@ class CastCompressHook : public CommHook {
   }
 
   // buffer (+)= widen(src); src holds wire-type values (under the wire type's
-  // own dtype, or Half's for the gather fallback's bfloat16 bits).
+  // own dtype, or Half's for the gather fallback's bfloat16 bits). A float32
+  // buffer's step is counted (Note [Which branch a hook ran]).
   static void widenInto(at::Tensor& buffer, const at::Tensor& src, at::ScalarType wireType,
-                        bool accumulate) {
+                        bool accumulate, BranchCounts& counts) {
+    if (buffer.scalar_type() == at::kFloat) counts.count(buffer);
     if (buffer.scalar_type() == at::kFloat && buffer.is_cpu()) {
       reduce::widen(bits(src), buffer.data_ptr<float>(), buffer.numel(), half16(wireType), accumulate);
     } else if (accumulate) {
@@ -133,7 +143,8 @@ class CastCompressHook : public CommHook {
     const at::ScalarType wireType = wireType_;
     return allgather(wire, gathered)
         ->then(std::function<c10::IValue(c10::ivalue::Future&)>(
-                   [buffer, compressed, gathered, wireType](c10::ivalue::Future& f) mutable {
+                   [buffer, compressed, gathered, wireType,
+                    counts = branches_](c10::ivalue::Future& f) mutable {
                      if (f.hasError()) std::rethrow_exception(f.exception_ptr());
                      recordOnCurrentStream(compressed);
                      // float32 sum in rank order, then one rounding through the send
@@ -143,7 +154,7 @@ class CastCompressHook : public CommHook {
                              ? buffer
                              : at::empty(buffer.sizes(), buffer.options().dtype(at::kFloat));
                      for (size_t r = 0; r < gathered.size(); ++r) {
-                       widenInto(sum, gathered[r], wireType, /*accumulate=*/r > 0);
+                       widenInto(sum, gathered[r], wireType, /*accumulate=*/r > 0, *counts);
                      }
                      if (sum.is_cpu()) {
                        reduce::narrowDivided(sum.data_ptr<float>(), bits(compressed), sum.numel(), 1.f,
@@ -151,7 +162,7 @@ class CastCompressHook : public CommHook {
                      } else {
                        compressed.copy_(sum);  // the send buffer: a stream-ordered reuse
                      }
-                     widenInto(buffer, compressed, wireType, /*accumulate=*/false);
+                     widenInto(buffer, compressed, wireType, /*accumulate=*/false, *counts);
                      return tensorListValue(buffer);
                    }),
                tensorListType());

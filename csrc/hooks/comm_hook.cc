@@ -75,6 +75,8 @@ at::Tensor CommHook::parseHookResult(const c10::IValue& result) {
 void CommHook::resetCounters() {
   payloadBytes_ = 0;
   wireBytes_ = 0;
+  branches_->device = 0;
+  branches_->host = 0;
 }
 
 void CommHook::checkBuffer(const at::Tensor& buffer, const char* op) const {

@@ -79,6 +79,27 @@ struct BucketView {
   void setLayout(const std::vector<at::Tensor>& gradients, const char* op, int rank);
 };
 
+// Note [Which branch a hook ran]
+// Each arithmetic step of a hook on a bucket (a cast, a quantization, a
+// dequantization, a Gram-Schmidt pass) takes one of two branches: ATen ops
+// on the bucket's device (Note [Hooks on CUDA buckets]) or the CPU loops
+// over host memory. Each step counts itself under the memory it ran on, so
+// that a test of a CUDA bucket sees the device branch ran, as often as the
+// hook's arithmetic implies, and the host one never: the values alone
+// cannot tell, since both branches give the same bits. Per bucket: the
+// fp16/bf16 hooks on a float32 bucket 2 (the cast down, the cast back;
+// on the host inside braid's narrowed allreduce where that runs), the int8
+// hook 2 (quantize, dequantize), PowerSGD 2 per compressed matrix on a
+// compressing step (Q's and P's Gram-Schmidt). Steps that are ATen ops on
+// either device (a plain division, allreduce's mean, a float64 bucket's
+// cast) are not counted. Callbacks hold the counts by value: the hook may be
+// gone by then.
+struct BranchCounts {
+  std::atomic<int64_t> device{0};
+  std::atomic<int64_t> host{0};
+  void count(const at::Tensor& on) { (on.is_cpu() ? host : device).fetch_add(1); }
+};
+
 class CommHook : public c10d::CommHookInterface {
  public:
   explicit CommHook(c10::intrusive_ptr<c10d::ProcessGroup> pg);
@@ -103,6 +124,10 @@ class CommHook : public c10d::CommHookInterface {
   // allreduce S * 2(n-1)/n, allgather S_in * (n-1). Counted when issued.
   int64_t payloadBytes() const { return payloadBytes_.load(); }
   int64_t wireBytes() const { return wireBytes_.load(); }
+  // The hook's arithmetic steps so far, by the memory they ran on (Note
+  // [Which branch a hook ran]).
+  int64_t deviceSteps() const { return branches_->device.load(); }
+  int64_t hostSteps() const { return branches_->host.load(); }
   void resetCounters();
 
   const c10::intrusive_ptr<c10d::ProcessGroup>& processGroup() const { return pg_; }
@@ -121,6 +146,8 @@ class CommHook : public c10d::CommHookInterface {
   c10::intrusive_ptr<c10::ivalue::Future> allreduceMean(at::Tensor buffer);
   // Counts an allreduce of `bytes` per rank (payloadBytes, wireBytes).
   void countAllreduce(int64_t bytes);
+  // Note [Which branch a hook ran]
+  const std::shared_ptr<BranchCounts> branches_ = std::make_shared<BranchCounts>();
   // outputs[r] receives rank r's input (same shape and dtype on every rank).
   c10::intrusive_ptr<c10::ivalue::Future> allgather(at::Tensor& input,
                                                     std::vector<at::Tensor>& outputs);

@@ -66,6 +66,11 @@ BRAID_PY_PART(hooks, m) {
       .def_property_readonly("wire_bytes", &CommHook::wireBytes,
                              "Bytes each rank moved on the wire so far (allreduce S*2(n-1)/n, "
                              "allgather S*(n-1)).")
+      .def_property_readonly("device_steps", &CommHook::deviceSteps,
+                             "Arithmetic steps run as ATen ops on a device bucket so far "
+                             "(Note [Which branch a hook ran]).")
+      .def_property_readonly("host_steps", &CommHook::hostSteps,
+                             "Arithmetic steps run on host memory (the CPU loops) so far.")
       .def("reset_counters", &CommHook::resetCounters)
       .def_property_readonly("iteration", &CommHook::iteration)
       .def(

@@ -66,6 +66,7 @@ class Int8Hook : public CommHook {
     const int64_t scaleBytes = nchunks * int64_t(sizeof(float));
     const c10::Device device = work.device();
     at::Tensor packed = scratch(bucket.index, 0, scaleBytes + n, at::kChar, device);
+    branches_->count(work);
     if (device.is_cpu()) {
       auto* base = reinterpret_cast<uint8_t*>(packed.data_ptr());
       quantizeInt8(work.data_ptr<float>(),
@@ -82,9 +83,10 @@ class Int8Hook : public CommHook {
     const int size = size_;
     return allgather(packed, gathered)
         ->then(std::function<c10::IValue(c10::ivalue::Future&)>(
-                   [input, work, gathered, n, chunk, scaleBytes,
-                    size](c10::ivalue::Future& f) mutable {
+                   [input, work, gathered, n, chunk, scaleBytes, size,
+                    counts = branches_](c10::ivalue::Future& f) mutable {
                      if (f.hasError()) std::rethrow_exception(f.exception_ptr());
+                     counts->count(work);
                      if (!work.is_cpu()) {
                        // A float32 copy of a 16-bit bucket: freed once this returns.
                        if (!work.is_same(input)) recordOnCurrentStream(work);

@@ -48,8 +48,10 @@ void orthogonalizeVectors(T* a, int64_t count, int64_t len, int64_t vecStride, i
   }
 }
 
-// Orthonormalizes the columns of m (n x r), or its rows when `rows`.
-void orthogonalize(const at::Tensor& m, bool rows, double epsilon) {
+// Orthonormalizes the columns of m (n x r), or its rows when `rows`; one
+// step in `counts` (Note [Which branch a hook ran] in hooks/comm_hook.h).
+void orthogonalize(const at::Tensor& m, bool rows, double epsilon, BranchCounts& counts) {
+  counts.count(m);
   if (!m.is_cpu()) return orthogonalizeAten(m, rows, epsilon);
   TORCH_INTERNAL_ASSERT(m.dim() == 2 && m.is_contiguous());
   const int64_t n = m.size(0), r = m.size(1);
@@ -213,7 +215,7 @@ class PowerSGDHook : public CommHook {
       qOff += mat.cols * mat.r;
     }
     for (size_t i = 0; i < mats.size(); ++i) {
-      orthogonalize(qs[i], /*rows=*/true, opts_.orthogonalizationEpsilon);
+      orthogonalize(qs[i], /*rows=*/true, opts_.orthogonalizationEpsilon, *branches_);
       at::mm_out(ps[i], mats[i].m, qs[i].t().contiguous());
     }
     for (const auto& t : plain) {
@@ -232,7 +234,7 @@ class PowerSGDHook : public CommHook {
       plainOff += t.numel();
     }
     for (size_t i = 0; i < mats.size(); ++i) {
-      orthogonalize(ps[i], /*rows=*/false, opts_.orthogonalizationEpsilon);
+      orthogonalize(ps[i], /*rows=*/false, opts_.orthogonalizationEpsilon, *branches_);
       at::mm_out(qs[i], ps[i].t(), mats[i].m);
     }
     const Finish fin{

@@ -182,14 +182,24 @@ PYBIND11_MODULE(_C, m) {
           "Which executor runs this group's CUDA collectives and why (Note [Choosing a CUDA "
           "executor]); empty before its first CUDA collective.")
       .def(
-          "_cuda_executor_ops",
-          [](const braid::ProcessGroupBraid& pg) -> uint64_t {
+          "_cuda_executor_stats",
+          [](const braid::ProcessGroupBraid& pg) {
             auto ctx = pg.cudaContext();
-            auto* n = ctx ? ctx->nccl() : nullptr;
-            return n ? n->opsIssued() : 0;
+            braid::CudaExecutorStats s = ctx ? ctx->stats() : braid::CudaExecutorStats();
+            py::dict d;
+            d["executor"] = s.executor;
+            d["staged_ops"] = s.staged.ops;
+            d["staged_d2h_bytes"] = s.staged.d2hBytes;
+            d["staged_h2d_bytes"] = s.staged.h2dBytes;
+            d["nccl_ops"] = s.ncclOps;
+            d["nccl_bytes"] = s.ncclBytes;
+            return d;
           },
-          "Ops the group's NCCL (or same-GPU) executor has taken so far; 0 when its CUDA ops "
-          "are staged. Tests see which path an op took.")
+          "What the group's CUDA executors ran so far (Note [Counting what an executor "
+          "moved]): executor ('nccl', 'same-gpu', 'hier', 'staged'; '' before the first CUDA "
+          "collective), the staged executor's ops and the bytes it copied device-to-host and "
+          "host-to-device, and the NCCL executor's ops and the bytes of their buffers. Tests "
+          "see which path an op took.")
       .def(
           "_registered_empty",
           [](braid::ProcessGroupBraid& pg, int64_t numel, const py::object& dtype) {

@@ -8,16 +8,19 @@
 
 #include <atomic>
 #include <chrono>
+#include <condition_variable>
 #include <cstdint>
 #include <cstring>
 #include <fstream>
 #include <future>
+#include <mutex>
 #include <stdexcept>
 #include <string>
 #include <thread>
 #include <vector>
 
 #include "common/error.h"
+#include "cuda/staged.h"
 #include "sim/device/sim_device.h"
 
 namespace braid {
@@ -388,62 +391,186 @@ TEST(CudaSim, ReduceAsyncRunsTheKernelInStreamOrder) {
   dev().deviceFree(b);
 }
 
-// Threads as ranks, each with its own streams, running the staged executor's
-// steps: the caller's stream produces, the comm stream waits on its event,
-// copies to pinned memory, the ranks sum on the CPU, the result is copied
-// back and the caller's stream waits on the end event before reading it.
-TEST(CudaSim, StagedPatternWithThreadsAsRanks) {
+// A pooled-event stand-in for StagedOp::Env::event: a fresh event, destroyed
+// with its last reference.
+SharedEvent sharedEvent(int device) {
+  return SharedEvent(dev().eventCreate(device), [](void* e) { dev().eventDestroy(e); });
+}
+
+StagedOp::Env stagedEnv(int device, Stream comm, StagedCounters* counters) {
+  StagedOp::Env env;
+  env.api = &dev();
+  env.device = device;
+  env.comm = comm;
+  env.event = [device] { return sharedEvent(device); };
+  env.counters = counters;
+  return env;
+}
+
+void hostWait(Event e) { dev().eventSynchronize(e); }
+
+// Ranks meet here (threads as ranks), as the host collective's steps would.
+class Barrier {
+ public:
+  explicit Barrier(int n) : n_(n) {}
+  void arrive() {
+    std::unique_lock<std::mutex> lock(mu_);
+    const int gen = gen_;
+    if (++in_ == n_) {
+      in_ = 0;
+      ++gen_;
+      cv_.notify_all();
+      return;
+    }
+    cv_.wait(lock, [&] { return gen_ != gen; });
+  }
+
+ private:
+  const int n_;
+  std::mutex mu_;
+  std::condition_variable cv_;
+  int in_ = 0, gen_ = 0;
+};
+
+// Threads as ranks, each with its own streams, through braid's staged
+// executor (cuda::StagedOp, the steps of Note [The staged CUDA executor] in
+// c10d/cuda/cuda_op.h): the caller's stream produces late (10 ms), the op's
+// comm stream must wait on the caller's event before it copies the input to
+// pinned memory, the ranks sum the shadows on the CPU, the sum is copied
+// back, and the caller's stream waits on the op's end event before reading
+// it. The counters show one op and the bytes of one copy each way.
+TEST(CudaSim, StagedExecutorWithThreadsAsRanks) {
   static constexpr int kRanks = 4;
   static constexpr size_t kN = 4096;
-  std::vector<std::vector<float>> staged(kRanks, std::vector<float>(kN));
-  std::promise<void> allStaged[kRanks];
-  std::shared_future<void> staged_f[kRanks];
-  for (int r = 0; r < kRanks; ++r) staged_f[r] = allStaged[r].get_future().share();
+  static constexpr size_t kBytes = kN * sizeof(float);
+  std::vector<const float*> shadows(kRanks);
+  Barrier barrier(kRanks);
+  std::vector<StagedCounters> counters(kRanks);
+  std::vector<int> failures(kRanks, 0), ended(kRanks, 0);
   std::vector<std::thread> ranks;
-  std::atomic<int> failures{0};
   for (int r = 0; r < kRanks; ++r) {
     ranks.emplace_back([&, r] {
       SimulatedDevice& d = dev();
-      d.setDevice(r % 2);
-      Stream caller = d.streamCreate(r % 2), comm = d.streamCreate(r % 2);
-      Event start = d.eventCreate(r % 2), end = d.eventCreate(r % 2);
-      auto* buf = static_cast<float*>(d.deviceAlloc(r % 2, kN * sizeof(float)));
-      auto* pinned = static_cast<float*>(d.hostAlloc(kN * sizeof(float)));
-      d.setStreamDelay(caller, milliseconds(10));
-      d.launchHostFunc(caller, [buf, r] {
-        for (size_t i = 0; i < kN; ++i) buf[i] = static_cast<float>(r + i);
-      });
-      d.eventRecord(start, caller);
-      d.streamWaitEvent(comm, start);
-      d.memcpyAsync(pinned, buf, kN * sizeof(float), comm);
-      d.streamSynchronize(comm);
-      std::memcpy(staged[r].data(), pinned, kN * sizeof(float));
-      allStaged[r].set_value();
-      for (auto& f : staged_f) f.wait();
-      for (size_t i = 0; i < kN; ++i) {
-        float sum = 0;
-        for (int q = 0; q < kRanks; ++q) sum += staged[q][i];
-        pinned[i] = sum;
+      const int device = r % 2;
+      Stream caller = d.streamCreate(device), comm = d.streamCreate(device);
+      auto* buf = static_cast<float*>(d.deviceAlloc(device, kBytes));
+      auto* pinned = static_cast<float*>(d.hostAlloc(kBytes));
+      std::memset(pinned, 0, kBytes);
+      {
+        StagedOp op(stagedEnv(device, comm, &counters[r]));
+        op.stageIn(pinned, buf, kBytes);
+        d.setStreamDelay(caller, milliseconds(10));
+        d.launchHostFunc(caller, [buf, r] {
+          for (size_t i = 0; i < kN; ++i) buf[i] = static_cast<float>(r + i);
+        });
+        d.setStreamDelay(caller, microseconds(0));
+        SharedEvent start = sharedEvent(device);
+        d.eventRecord(start.get(), caller);
+        op.setCallerEvent(start);
+        std::vector<float> sum(kN, 0.f);
+        op.run(
+            [&] {
+              // The host collective on the shadows: every rank's input has
+              // reached its shadow before run() calls the body.
+              shadows[r] = pinned;
+              barrier.arrive();
+              for (int q = 0; q < kRanks; ++q) {
+                for (size_t i = 0; i < kN; ++i) sum[i] += shadows[q][i];
+              }
+              barrier.arrive();  // no shadow is overwritten while a peer reads it
+              std::memcpy(pinned, sum.data(), kBytes);
+              op.copyBack(buf, pinned, kBytes);
+            },
+            hostWait);
+        ended[r] = op.ended();
+        d.streamWaitEvent(caller, op.endEvent().get());
       }
-      d.memcpyAsync(buf, pinned, kN * sizeof(float), comm);
-      d.eventRecord(end, comm);
-      d.streamWaitEvent(caller, end);
       std::vector<float> result(kN);
-      d.memcpyAsync(result.data(), buf, kN * sizeof(float), caller);
+      d.memcpyAsync(result.data(), buf, kBytes, caller);
       d.streamSynchronize(caller);
       for (size_t i = 0; i < kN; ++i) {
-        if (result[i] != static_cast<float>(kRanks * i + kRanks * (kRanks - 1) / 2)) ++failures;
+        if (result[i] != static_cast<float>(kRanks * i + kRanks * (kRanks - 1) / 2)) ++failures[r];
       }
       d.hostFree(pinned);
       d.deviceFree(buf);
-      d.eventDestroy(start);
-      d.eventDestroy(end);
       d.streamDestroy(caller);
       d.streamDestroy(comm);
     });
   }
   for (auto& t : ranks) t.join();
-  EXPECT_EQ(failures.load(), 0);
+  for (int r = 0; r < kRanks; ++r) {
+    EXPECT_EQ(failures[r], 0) << "rank " << r << ": elements off the closed form";
+    EXPECT_TRUE(ended[r]) << "rank " << r;
+    const StagedCounts c = counters[r].snapshot();
+    EXPECT_EQ(c.ops, 1u) << "rank " << r;
+    EXPECT_EQ(c.d2hBytes, kBytes) << "rank " << r;
+    EXPECT_EQ(c.h2dBytes, kBytes) << "rank " << r;
+  }
+}
+
+// A body that fails after enqueuing its copy back: the end event is still
+// recorded after that copy (so the memory may go once it completes), and the
+// body's error is the one run() throws. An end event the host gives up on
+// leaves ended() false: the caller keeps the memory (CudaContext::retire).
+TEST(CudaSim, StagedExecutorFencesItsCopiesWhenTheOpFails) {
+  StreamHolder comm;
+  constexpr size_t kBytes = 1000;
+  auto* buf = static_cast<uint8_t*>(dev().deviceAlloc(0, kBytes));
+  auto* pinned = static_cast<uint8_t*>(dev().hostAlloc(kBytes));
+  std::memset(buf, 1, kBytes);
+  std::memset(pinned, 7, kBytes);
+  StagedCounters counters;
+  {
+    StagedOp op(stagedEnv(0, comm.s, &counters));
+    op.stageIn(pinned, buf, 0);  // an empty tensor: nothing to copy, nothing counted
+    dev().setStreamDelay(comm.s, milliseconds(20));
+    try {
+      op.run(
+          [&] {
+            op.copyBack(buf, pinned, kBytes);
+            throw std::runtime_error("boom");
+          },
+          hostWait);
+      ADD_FAILURE() << "no error";
+    } catch (const std::runtime_error& e) {
+      EXPECT_STREQ(e.what(), "boom");
+    }
+    dev().setStreamDelay(comm.s, microseconds(0));
+    EXPECT_TRUE(op.ended());
+    EXPECT_TRUE(dev().eventQuery(op.endEvent().get()));
+    EXPECT_EQ(buf[0], 7);  // the copy back ran before the end event
+    EXPECT_EQ(buf[kBytes - 1], 7);
+  }
+  StagedCounts c = counters.snapshot();
+  EXPECT_EQ(c.ops, 1u);
+  EXPECT_EQ(c.d2hBytes, 0u);
+  EXPECT_EQ(c.h2dBytes, kBytes);
+  {
+    StagedOp op(stagedEnv(0, comm.s, &counters));
+    op.stageIn(pinned, buf, kBytes);
+    Gate gate;
+    gate.block(comm.s);
+    int waits = 0;
+    try {
+      op.run([] {},
+             [&](Event e) {
+               if (++waits == 2) throw std::runtime_error("deadline");  // the end event's wait
+               gate.open.set_value();
+               hostWait(e);
+             });
+      ADD_FAILURE() << "no error";
+    } catch (const std::runtime_error& e) {
+      EXPECT_STREQ(e.what(), "deadline");
+    }
+    EXPECT_FALSE(op.ended());
+    dev().streamSynchronize(comm.s);
+  }
+  c = counters.snapshot();
+  EXPECT_EQ(c.ops, 2u);
+  EXPECT_EQ(c.d2hBytes, kBytes);
+  EXPECT_EQ(c.h2dBytes, kBytes);
+  dev().deviceFree(buf);
+  dev().hostFree(pinned);
 }
 
 }  // namespace

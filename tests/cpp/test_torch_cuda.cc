@@ -2,12 +2,16 @@
 // tests] in tests/sim/torch/sim_cuda.h), ranks as threads over a HashStore: both
 // executors, chosen per group (Note [Choosing a CUDA executor]), with the
 // simulated NCCL (tests/sim/nccl/nccl_sim.h) standing in for NCCL. Rank r uses
-// simulated device r, so NCCL can serve the group.
+// simulated device r, so NCCL can serve the group. Each test checks what the
+// executors counted (Note [Counting what an executor moved] in cuda/staged.h)
+// against what its ops imply, so that an op that takes another path fails.
 #include <gtest/gtest.h>
 #include <c10/core/impl/VirtualGuardImpl.h>
 #include <torch/csrc/distributed/c10d/HashStore.hpp>
 
+#include <algorithm>
 #include <cstdlib>
+#include <string>
 #include <thread>
 
 #include "c10d/compat.h"
@@ -28,6 +32,43 @@ namespace {
 
 using PG = braid_test::PG;
 constexpr int kDevices = 4;
+
+// What a test expects the group's CUDA executors to count: the staged
+// executor's ops and bytes each way, the NCCL executor's ops and bytes.
+struct Counts {
+  uint64_t stagedOps = 0, d2h = 0, h2d = 0, ncclOps = 0, ncclBytes = 0;
+  // One op whose inputs are `in` bytes and outputs `out` bytes on this rank,
+  // staged or on NCCL (there its larger buffer counts).
+  void op(bool nccl, uint64_t in, uint64_t out) {
+    if (nccl) {
+      ++ncclOps;
+      ncclBytes += std::max(in, out);
+    } else {
+      ++stagedOps;
+      d2h += in;
+      h2d += out;
+    }
+  }
+};
+
+braid::CudaExecutorStats statsOf(braid::ProcessGroupBraid& pg) {
+  auto ctx = pg.cudaContext();
+  return ctx ? ctx->stats() : braid::CudaExecutorStats();
+}
+
+// The executor is `executor` and the counts moved by exactly `want` since
+// `before`.
+void expectCounts(braid::ProcessGroupBraid& pg, const braid::CudaExecutorStats& before,
+                  const Counts& want, const std::string& executor, const std::string& what) {
+  const braid::CudaExecutorStats now = statsOf(pg);
+  const std::string who = what + " (rank " + std::to_string(pg.getRank()) + ")";
+  EXPECT_EQ(now.executor, executor) << who;
+  EXPECT_EQ(now.staged.ops - before.staged.ops, want.stagedOps) << who << ": staged ops";
+  EXPECT_EQ(now.staged.d2hBytes - before.staged.d2hBytes, want.d2h) << who << ": staged d2h bytes";
+  EXPECT_EQ(now.staged.h2dBytes - before.staged.h2dBytes, want.h2d) << who << ": staged h2d bytes";
+  EXPECT_EQ(now.ncclOps - before.ncclOps, want.ncclOps) << who << ": NCCL executor ops";
+  EXPECT_EQ(now.ncclBytes - before.ncclBytes, want.ncclBytes) << who << ": NCCL executor bytes";
+}
 
 // Every task of the group's comm streams from now on first sleeps `d`.
 void delayCommStreams(braid::ProcessGroupBraid& pg, std::chrono::microseconds d) {
@@ -65,8 +106,16 @@ class CudaBackend : public ::testing::TestWithParam<const char*> {
 TEST_P(CudaBackend, CollectivesMatchClosedForms) {
   const int n = 3;
   auto pgs = makeGroup(n);
+  const bool nccl = std::string(GetParam()) == "nccl";
   onRanks(n, [&](int r) {
     const int64_t count = 1000;
+    const braid::CudaExecutorStats before = statsOf(*pgs[r]);
+    Counts want;
+    want.op(nccl, 4 * count, 4 * count);  // allreduce SUM of floats
+    want.op(false, 8 * count, 8 * count);  // BOR: NCCL lacks it, staged in any group
+    want.op(nccl, 4 * count, 4 * count);  // broadcast (every rank stages in and copies back)
+    want.op(nccl, 8 * count, 8 * n * count);  // allgather of doubles
+    want.op(nccl, 8 * n * count, 8 * count);  // reduce_scatter of doubles
     // allreduce SUM, then a bitwise op NCCL lacks (the staged path in an NCCL group)
     std::vector<at::Tensor> t{onDevice(at::full({count}, float(r + 1)), r)};
     pgs[r]->allreduce(t)->wait();
@@ -94,6 +143,7 @@ TEST_P(CudaBackend, CollectivesMatchClosedForms) {
     pgs[r]->_reduce_scatter_base(rsOut, rsIn)->wait();
     EXPECT_TRUE(braid::sim::read(rsOut).equal(at::arange(r * count, (r + 1) * count)
                                                   .to(at::kDouble) * n));
+    expectCounts(*pgs[r], before, want, GetParam(), "the collectives");
   });
 }
 
@@ -110,6 +160,9 @@ TEST_P(CudaBackend, FutureKnowsItsDeviceAndTheExecutorIsShown) {
     EXPECT_TRUE(braid::sim::read(fut->value().toTensorVector()[0]).equal(at::full({8}, 2.f)));
     const std::string how = pgs[r]->cudaContext()->executorDescription();
     EXPECT_EQ(how.rfind(GetParam(), 0), 0u) << how;
+    Counts want;
+    want.op(std::string(GetParam()) == "nccl", 32, 32);
+    expectCounts(*pgs[r], braid::CudaExecutorStats(), want, GetParam(), "one allreduce");
   });
 }
 
@@ -120,25 +173,34 @@ TEST_P(CudaBackend, CommStreamWaitsForTheCallersStream) {
     const int64_t count = 1 << 14;
     std::vector<at::Tensor> t{onDevice(at::zeros({count}), r)};
     pgs[r]->allreduce(t)->wait();
+    const braid::CudaExecutorStats before = statsOf(*pgs[r]);
     // A slow producer on the caller's stream: its write lands 50 ms later.
     braid::sim::delayCurrentStream(r, std::chrono::microseconds(50000));
     braid::sim::write(t[0], at::full({count}, float(r + 1)));
     braid::sim::delayCurrentStream(r, std::chrono::microseconds(0));
     pgs[r]->allreduce(t)->wait();
     EXPECT_TRUE(braid::sim::read(t[0]).equal(at::full({count}, 3.f)));
+    Counts want;
+    want.op(std::string(GetParam()) == "nccl", 4 * count, 4 * count);
+    expectCounts(*pgs[r], before, want, GetParam(), "the allreduce after a slow write");
   });
 }
 
 TEST_P(CudaBackend, AbortEndsAnOpWhosePeerNeverCame) {
   const int n = 2;
   auto pgs = makeGroup(n);
+  const bool nccl = std::string(GetParam()) == "nccl";
   onRanks(n, [&](int r) {
     std::vector<at::Tensor> t{onDevice(at::ones({4}), r)};
     pgs[r]->allreduce(t)->wait();  // the executor exists on both ranks
+    Counts want;
+    want.op(nccl, 16, 16);
+    expectCounts(*pgs[r], braid::CudaExecutorStats(), want, GetParam(), "the first allreduce");
   });
   // Rank 0 alone issues an op; rank 1 aborts it from another thread.
   c10::impl::VirtualGuardImpl(c10::DeviceType::CUDA).setDevice(c10::Device(c10::DeviceType::CUDA, 0));
   std::vector<at::Tensor> t{onDevice(at::ones({4}), 0)};
+  const braid::CudaExecutorStats before = statsOf(*pgs[0]);
   auto work = pgs[0]->allreduce(t);
   std::thread aborter([&] {
     std::this_thread::sleep_for(std::chrono::milliseconds(200));
@@ -152,6 +214,16 @@ TEST_P(CudaBackend, AbortEndsAnOpWhosePeerNeverCame) {
   EXPECT_THROW(work->wait(), std::exception);
   aborter.join();
   EXPECT_LT(std::chrono::steady_clock::now() - start, std::chrono::seconds(10));
+  // The op went to its executor (on the NCCL path, at once; staged, on the
+  // worker, which may have been aborted before it started) and nothing came
+  // back to the device.
+  const braid::CudaExecutorStats now = statsOf(*pgs[0]);
+  EXPECT_EQ(now.executor, GetParam());
+  EXPECT_EQ(now.ncclOps - before.ncclOps, nccl ? 1u : 0u);
+  EXPECT_EQ(now.ncclBytes - before.ncclBytes, nccl ? 16u : 0u);
+  EXPECT_LE(now.staged.ops - before.staged.ops, nccl ? 0u : 1u);
+  EXPECT_LE(now.staged.d2hBytes - before.staged.d2hBytes, nccl ? 0u : 16u);
+  EXPECT_EQ(now.staged.h2dBytes, before.staged.h2dBytes);
   pgs[1]->abort();
 }
 
@@ -163,6 +235,7 @@ TEST_P(CudaBackend, RanksThatDisagreeFailWithTheMismatchNotAHang) {
     pgs[r]->allreduce(t)->wait();
     // Rank 1 passes twice as many elements.
     std::vector<at::Tensor> u{onDevice(at::ones({r == 0 ? 8 : 16}), r)};
+    const braid::CudaExecutorStats before = statsOf(*pgs[r]);
     auto start = std::chrono::steady_clock::now();
     try {
       auto work = pgs[r]->allreduce(u);
@@ -177,6 +250,12 @@ TEST_P(CudaBackend, RanksThatDisagreeFailWithTheMismatchNotAHang) {
                 std::string::npos) << what;
     }
     EXPECT_LT(std::chrono::steady_clock::now() - start, std::chrono::seconds(10));
+    // The op went to its executor; the staged one copied its input in and
+    // nothing back (the header check failed between the two).
+    const uint64_t bytes = 4 * (r == 0 ? 8 : 16);
+    Counts want;
+    want.op(std::string(GetParam()) == "nccl", bytes, 0);
+    expectCounts(*pgs[r], before, want, GetParam(), "the mismatched allreduce");
   });
 }
 
@@ -191,6 +270,7 @@ TEST_P(CudaBackend, NcclWaitOrdersTheStreamAndLeavesTheHostFree) {
     const int64_t count = 1 << 12;
     std::vector<at::Tensor> t{onDevice(at::zeros({count}), r)};
     pgs[r]->allreduce(t)->wait();  // the communicator exists from here
+    const braid::CudaExecutorStats before = statsOf(*pgs[r]);
     braid::sim::write(t[0], at::full({count}, float(r + 1)));
     delayCommStreams(*pgs[r], std::chrono::milliseconds(300));
     auto work = pgs[r]->allreduce(t);
@@ -203,6 +283,9 @@ TEST_P(CudaBackend, NcclWaitOrdersTheStreamAndLeavesTheHostFree) {
     EXPECT_TRUE(braid::sim::read(t[0]).equal(at::full({count}, 3.f)));
     work->getFuture()->wait();
     EXPECT_TRUE(work->isCompleted() && !work->getFuture()->hasError());
+    Counts want;
+    want.op(true, 4 * count, 4 * count);
+    expectCounts(*pgs[r], before, want, "nccl", "the allreduce on a slow comm stream");
   });
 }
 
@@ -210,7 +293,9 @@ TEST_P(CudaBackend, NcclWaitOrdersTheStreamAndLeavesTheHostFree) {
 // device ends with the same parameters as on the CPU, bit for bit: the
 // simulated device runs ATen's CPU kernels (Note [ATen on the simulated
 // device]) and both paths sum each bucket in the same order.
-std::vector<at::Tensor> trainCppDdp(const PG& pg, int rank, c10::Device device, bool bucketView) {
+// On CUDA, `executor` is the one the group must run.
+std::vector<at::Tensor> trainCppDdp(const PG& pg, int rank, c10::Device device, bool bucketView,
+                                    const std::string& executor) {
   torch::nn::Sequential net(torch::nn::Linear(8, 16), torch::nn::Tanh(), torch::nn::Linear(16, 2));
   {
     torch::NoGradGuard noGrad;  // ranks start apart: DDP must broadcast rank 0's
@@ -225,6 +310,11 @@ std::vector<at::Tensor> trainCppDdp(const PG& pg, int rank, c10::Device device, 
   opts.gradient_as_bucket_view = bucketView;
   braid::DistributedDataParallel ddp(
       net, braid::compat::wrapAsProcessGroup(pg, c10::make_intrusive<c10d::HashStore>()), opts);
+  // From here on the group's CUDA ops are the buckets' allreduces (the
+  // buckets' rebuild broadcasts a CPU tensor): each step reduces every
+  // gradient once, in the first buckets at step 0, the rebuilt ones after.
+  const braid::CudaExecutorStats before = statsOf(*pg);
+  const size_t firstBuckets = ddp.reducer().bucketIndices().size();
   torch::optim::SGD opt(net->parameters(), torch::optim::SGDOptions(0.05).momentum(0.9));
   for (int step = 0; step < 4; ++step) {
     at::Tensor x = at::cos(at::arange(32).to(at::kFloat) * (step + 1) + rank).view({4, 8});
@@ -235,7 +325,24 @@ std::vector<at::Tensor> trainCppDdp(const PG& pg, int rank, c10::Device device, 
     opt.step();
   }
   std::vector<at::Tensor> params;
-  for (auto& p : net->parameters()) params.push_back(p.detach().to(at::kCPU));
+  uint64_t paramBytes = 0;
+  for (auto& p : net->parameters()) {
+    params.push_back(p.detach().to(at::kCPU));
+    paramBytes += p.nbytes();
+  }
+  if (device.is_cuda()) {
+    const bool nccl = executor == "nccl";
+    const size_t buckets = firstBuckets + 3 * ddp.reducer().bucketIndices().size();
+    Counts want;
+    if (nccl) {
+      want.ncclOps = buckets;
+      want.ncclBytes = 4 * paramBytes;
+    } else {
+      want.stagedOps = buckets;
+      want.d2h = want.h2d = 4 * paramBytes;
+    }
+    expectCounts(*pg, before, want, executor, "C++ DDP's 4 steps");
+  }
   return params;
 }
 
@@ -245,8 +352,9 @@ TEST_P(CudaBackend, CppDdpTrainsACudaModuleAsOnCpu) {
     auto pgs = makeGroup(n);
     std::vector<std::vector<at::Tensor>> cpu(n), cuda(n);
     onRanks(n, [&](int r) {
-      cpu[r] = trainCppDdp(pgs[r], r, c10::Device(c10::kCPU), bucketView);
-      cuda[r] = trainCppDdp(pgs[r], r, c10::Device(c10::DeviceType::CUDA, r), bucketView);
+      cpu[r] = trainCppDdp(pgs[r], r, c10::Device(c10::kCPU), bucketView, GetParam());
+      cuda[r] = trainCppDdp(pgs[r], r, c10::Device(c10::DeviceType::CUDA, r), bucketView,
+                            GetParam());
     });
     for (int r = 0; r < n; ++r) {
       ASSERT_EQ(cpu[r].size(), cuda[r].size());

@@ -14,12 +14,19 @@ With a CUDA torch and a GPU (tools/gpu_check.sh) the same tests run on the real 
 rank r on GPU r % count, and compare within 1e-4 relative (the GPU's kernels sum in
 their own order; TF32 is off for these matmuls by torch's default).
 
+On the simulated device each backward is also checked against what it implies for the
+group's CUDA executor (tests/python/cuda_counts.py): its collectives are the buckets'
+allreduces, which together reduce every gradient once, and the executor (staged, or the
+same-GPU one when every rank shares a GPU) counts exactly those ops and bytes, so that a
+bucket reduced off the device fails.
+
 Backward over CUDA tensors needs torch's CUDA hooks to answer for the device (Note
 [The simulated device as torch's accelerator] in tests/sim/torch/sim_hooks.cc).
 """
 
 import pytest
 
+import cuda_counts as C
 import harness as H
 
 pytestmark = [pytest.mark.braid_only]
@@ -53,18 +60,44 @@ def _batches(torch, rank):
             for _ in range(STEPS)]
 
 
-def _train(ctx, device, wrap, **ddp_kwargs):
-    """Trains a wrapped model on `device`; returns its parameters on the CPU."""
+def _train(ctx, device, wrap, watch=None, **ddp_kwargs):
+    """Trains a wrapped model on `device`; returns its parameters on the CPU. watch(step,
+    backward) runs each backward."""
     torch = ctx.torch
     model = _model(torch, seed=7 + ctx.rank).to(device)  # ranks differ: DDP broadcasts rank 0's
     ddp = wrap(model, device, **ddp_kwargs)
     opt = torch.optim.SGD(ddp.parameters(), lr=0.05, momentum=0.9)
-    for x, y in _batches(torch, ctx.rank):
+    for step, (x, y) in enumerate(_batches(torch, ctx.rank)):
         opt.zero_grad()
         loss = torch.nn.functional.mse_loss(ddp(x.to(device)), y.to(device))
-        loss.backward()
+        if watch:
+            watch(step, loss.backward)
+        else:
+            loss.backward()
         opt.step()
     return [p.detach().cpu() for p in model.parameters()]
+
+
+def _watch_backward(ctx, ch, cuda, executor):
+    """Runs a backward and checks what the group's CUDA executor counted for it: its
+    collectives (the flight recorder's) are allreduces that reduce every gradient once,
+    each a staged op copying its bucket in and back, or an op of the same-GPU executor."""
+    backend = C.backend(ctx, cuda)
+    param_bytes = sum(p.numel() * 4 for p in _model(ctx.torch, seed=0).parameters())
+
+    def watch(step, backward):
+        mark, before = C.recorded_mark(), C.snapshot(backend)
+        backward()
+        ops = C.recorded_since(mark)
+        what = f"step {step}: the backward's {len(ops)} collectives"
+        ch.true(f"{what} are allreduces of every gradient once",
+                {name for name, _, _ in ops} == {"braid:all_reduce"}
+                and sum(nin for _, nin, _ in ops) == param_bytes,
+                f"{ops}, {param_bytes} bytes of parameters")
+        C.check(ch, what, backend, before,
+                C.Expected().recorded(ops, nccl=executor != "staged"), executor)
+
+    return watch
 
 
 def _torch_ddp(model, device, **kwargs):
@@ -89,7 +122,11 @@ def _same_as_cpu(ctx, which, kwargs, gpus):
     if real:
         torch.cuda.set_device(cuda)
     on_cpu = _train(ctx, torch.device("cpu"), wrap, **kwargs)
-    on_cuda = _train(ctx, cuda, wrap, **kwargs)
+    # Every rank on one GPU: the same-GPU collectives; else (one rank, or ranks on 2
+    # simulated GPUs without NCCL) staged.
+    executor = "same-gpu" if gpus == 1 and ctx.size > 1 else "staged"
+    watch = None if real else _watch_backward(ctx, ch, cuda, executor)
+    on_cuda = _train(ctx, cuda, wrap, watch, **kwargs)
     start = _model(torch, seed=7)  # rank 0's initial parameters
     ch.true("training moved the parameters",
             any(not torch.equal(a, b) for a, b in zip(on_cpu, start.parameters())), "")
@@ -100,12 +137,6 @@ def _same_as_cpu(ctx, which, kwargs, gpus):
                     f"max |diff| {(b - a).abs().max().item():.3g}")
         else:
             ch.equal(what, b, a)
-    if gpus == 1 and not real and ctx.size > 1:
-        group = ctx.dist.distributed_c10d._get_default_group()
-        backend = group._get_backend(cuda) if ctx.torch2 else group
-        executor = backend._cuda_executor()
-        ch.true("the buckets went through the same-GPU collectives",
-                executor.startswith("same-gpu"), executor)
     # Every rank ends with rank 0's replica.
     gathered = [torch.zeros_like(on_cuda[0]) for _ in range(ctx.size)]
     ctx.dist.all_gather(gathered, on_cuda[0])

@@ -20,6 +20,7 @@ import threading
 
 import pytest
 
+import cuda_counts as C
 import harness as H
 
 pytestmark = [pytest.mark.braid_only, H.simulated_cuda_only()]
@@ -68,6 +69,7 @@ def test_all_reduce_and_broadcast_run_hierarchically():
     import torch.distributed as dist
 
     def body(r, pg, cuda):
+        exp, before = C.Expected(), C.snapshot(pg)
         for dtype in (torch.float32, torch.bfloat16, torch.int32):
             for op in ("SUM", "MAX", "AVG"):
                 if op == "AVG" and not dtype.is_floating_point:
@@ -77,6 +79,7 @@ def test_all_reduce_and_broadcast_run_hierarchically():
                     opts = dist.AllreduceOptions()
                     opts.reduceOp = getattr(dist.ReduceOp, op)
                     pg.allreduce([t], opts).wait()
+                    exp.nccl(count * t.element_size())
                     got = t.cpu().double()
                     inputs = [_value(torch, q, count, dtype).double() for q in range(N)]
                     if op == "MAX":
@@ -93,15 +96,17 @@ def test_all_reduce_and_broadcast_run_hierarchically():
                         assert torch.all((got - want).abs() <= 2 * u * want), (dtype, count)
         executor = pg._cuda_executor()
         assert executor.startswith("hier: 4 ranks on 2 GPUs"), executor
-        before = pg._cuda_executor_ops()
+        C.require(f"rank {r}: the all_reduces", pg, before, exp, "hier")
+        exp, before = C.Expected(), C.snapshot(pg)
         for root in range(N):
             for count in (0, 1, 7, 2 * HALF + 3):
                 t = _value(torch, r, count, torch.float32).to(cuda)
                 opts = dist.BroadcastOptions()
                 opts.rootRank = root
                 pg.broadcast([t], opts).wait()
+                exp.nccl(4 * count)
                 assert torch.equal(t.cpu(), _value(torch, root, count, torch.float32)), (root, count)
-        assert pg._cuda_executor_ops() - before == N * 4, "broadcasts ran hierarchically"
+        C.require(f"rank {r}: the broadcasts", pg, before, exp, "hier")
 
     _run_ranks(body)
 
@@ -114,7 +119,7 @@ def test_ops_it_lacks_are_staged():
         t = torch.ones(3, device=cuda)
         pg.allreduce([t]).wait()  # the executor is chosen at the first op
         assert pg._cuda_executor().startswith("hier"), pg._cuda_executor()
-        before = pg._cuda_executor_ops()
+        before = C.snapshot(pg)
         count = 2 * HALF + 3
         inp = _value(torch, r, count, torch.float32).to(cuda)
         outs = [torch.zeros(count, device=cuda) for _ in range(N)] if r == 1 else []
@@ -132,7 +137,10 @@ def test_ops_it_lacks_are_staged():
         pg.allreduce([t], aopts).wait()
         total = sum(_value(torch, q, 11, torch.int32) for q in range(N))
         assert torch.equal(t.cpu(), torch.div(total, N, rounding_mode="trunc").int())
-        assert pg._cuda_executor_ops() == before, "gather and int AVG were staged"
+        # gather: the input staged in, the root's N outputs copied back; AVG: 11 int32s.
+        exp = C.Expected().staged(d2h=4 * count, h2d=N * 4 * count if r == 1 else 0)
+        C.require(f"rank {r}: gather and int AVG were staged", pg, before,
+                  exp.staged(d2h=44, h2d=44), "hier")
 
     _run_ranks(body)
 
@@ -152,10 +160,10 @@ def test_reduce_allgather_reduce_scatter_run_hierarchically(layout):
         pg.allreduce([t]).wait()
         executor = pg._cuda_executor()
         assert executor.startswith("hier: 4 ranks on 2 GPUs"), executor
-        before = pg._cuda_executor_ops()
-        ops = 0
+        exp, before = C.Expected(), C.snapshot(pg)
         for dtype in (torch.float32, torch.bfloat16, torch.int32):
             for count in (0, 1, 7, 2 * HALF + 3):
+                b = count * torch.empty(0, dtype=dtype).element_size()
                 inputs = [_value(torch, q, count, dtype) for q in range(N)]
                 for root in (1, 2):
                     t = inputs[r].to(cuda)
@@ -170,7 +178,7 @@ def test_reduce_allgather_reduce_scatter_run_hierarchically(layout):
                         assert torch.equal(got, want), ("reduce", dtype, count, root)
                     else:
                         assert torch.equal(got, inputs[r]), ("reduce kept input", dtype, count)
-                    ops += 1
+                    exp.nccl(b)
                 out = torch.full((N * count,), -1, dtype=dtype, device=cuda)
                 pg._allgather_base(out, inputs[r].to(cuda)).wait()
                 assert torch.equal(out.cpu(), torch.cat(inputs)), ("allgather", dtype, count)
@@ -179,8 +187,8 @@ def test_reduce_allgather_reduce_scatter_run_hierarchically(layout):
                 pg._reduce_scatter_base(got, full[r].to(cuda)).wait()
                 want = sum(x.double() for x in full).to(dtype)[r * count:(r + 1) * count]
                 assert torch.equal(got.cpu(), want), ("reduce_scatter", dtype, count)
-                ops += 2
-        assert pg._cuda_executor_ops() - before == ops, "they ran hierarchically"
+                exp.nccl(N * b, ops=2)  # allgather's output, reduce_scatter's input
+        C.require(f"rank {r}: they ran hierarchically", pg, before, exp, "hier")
 
     _run_ranks(body, device_of=(lambda r: r // 2) if layout == "blocks" else (lambda r: r % 2))
 
@@ -219,11 +227,11 @@ def _xp_collectives(ctx, dtype_name):
     n, r = ctx.size, ctx.rank
     gather = getattr(dist, "all_gather_into_tensor", None) or dist._all_gather_base
     scatter = getattr(dist, "reduce_scatter_tensor", None) or dist._reduce_scatter_base
-    before = backend._cuda_executor_ops()
-    ops = 0
+    exp, before = C.Expected(), C.snapshot(backend)
     for dtype in (getattr(torch, dtype_name),):
         for count in (0, 1, 7, 2 * HALF + 3):
             what = f"{dtype} count={count}"
+            b = count * torch.empty(0, dtype=dtype).element_size()
             inputs = [_value(torch, q, count, dtype) for q in range(n)]
             total = sum(x.double() for x in inputs).to(dtype)
             t = inputs[r].to(cuda)
@@ -245,9 +253,9 @@ def _xp_collectives(ctx, dtype_name):
             scatter(got, full[r].to(cuda), group=group)
             ch.equal(f"reduce_scatter_tensor {what}", got.cpu(),
                      sum(x.double() for x in full).to(dtype)[r * count:(r + 1) * count])
-            ops += 7
-    ch.true("every op ran hierarchically", backend._cuda_executor_ops() - before == ops,
-            f"{backend._cuda_executor_ops() - before} executor ops for {ops} collectives")
+            # all_reduce, 2 broadcasts, 2 reduces: b; allgather, reduce_scatter: n * b.
+            exp.nccl(b, ops=5).nccl(n * b, ops=2)
+    C.check(ch, "every op ran hierarchically", backend, before, exp, "hier")
     dist.destroy_process_group(group)
     return ch.report()
 

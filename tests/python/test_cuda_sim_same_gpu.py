@@ -15,6 +15,7 @@ import os
 
 import pytest
 
+import cuda_counts as C
 import harness as H
 
 pytestmark = [pytest.mark.braid_only, H.simulated_cuda_only()]
@@ -59,35 +60,45 @@ def _collectives(ctx, dtype_name, counts):
     dtype = getattr(torch, dtype_name)
     n, r = ctx.size, ctx.rank
     cuda = torch.device("cuda", 0)
+    backend = C.backend(ctx, cuda, group)
     ops = ["SUM", "MAX", "MIN"] + (["AVG", "PREMUL_SUM"] if dtype.is_floating_point else [])
     for count in counts:
+        # Every op on the same-GPU executor, none staged: b bytes per block.
+        b = count * torch.empty(0, dtype=dtype).element_size()
+        exp, before = C.Expected(), C.snapshot(backend)
         for op in ops:
             base = "SUM" if op in ("AVG", "PREMUL_SUM") else op
             inputs = [H.make_input(q, count, dtype, base) for q in range(n)]
             t = inputs[r].to(cuda)
             dist.all_reduce(t, op=H.reduce_op(op), group=group)
+            exp.nccl(b)
             ch.reduced(f"all_reduce {dtype_name} {op} count={count}", t.cpu(),
                        H.closed_form(inputs, op, n), op)
         for root in (0, n - 1):
             t = H.pattern(r, 0, count, dtype).to(cuda)
             dist.broadcast(t, src=root, group=group)
+            exp.nccl(b)
             ch.equal(f"broadcast root={root} count={count}", t.cpu(), H.pattern(root, 0, count, dtype))
         inputs = [H.make_input(q, count, dtype, "SUM", salt=3) for q in range(n)]
         t = inputs[r].to(cuda)
         dist.reduce(t, dst=n - 1, group=group)
+        exp.nccl(b)
         if r == n - 1:
             ch.equal(f"reduce count={count}", t.cpu(), H.closed_form(inputs, "SUM", n))
         flat = torch.empty(n * count, dtype=dtype, device=cuda)
         gather = getattr(dist, "all_gather_into_tensor", None) or dist._all_gather_base
         scatter = getattr(dist, "reduce_scatter_tensor", None) or dist._reduce_scatter_base
         gather(flat, H.pattern(r, 1, count, dtype).to(cuda), group=group)
+        exp.nccl(n * b)
         ch.equal(f"all_gather_into_tensor count={count}", flat.cpu(),
                  torch.cat([H.pattern(q, 1, count, dtype) for q in range(n)]))
         full = [H.make_input(q, n * count, dtype, "SUM", salt=5) for q in range(n)]
         out = torch.empty(count, dtype=dtype, device=cuda)
         scatter(out, full[r].to(cuda), group=group)
+        exp.nccl(n * b)
         ch.equal(f"reduce_scatter_tensor count={count}", out.cpu(),
                  H.closed_form(full, "SUM", n)[r * count:(r + 1) * count])
+        C.check(ch, f"{dtype_name} count={count}", backend, before, exp, "same-gpu")
     dist.destroy_process_group(group)
     return ch.report()
 
@@ -103,9 +114,9 @@ def test_collectives(world, dtype):
 def _gather_scatter_alltoall(ctx, dtype_name, counts):
     """gather, scatter and all_to_all_single (no split sizes) through the same-GPU
     executor (Note [Same-GPU gather, scatter and alltoall] in csrc/cuda/shared_gpu/same_gpu.cc):
-    its op counter moves by one per op, which the staged path never touches; the
-    uneven all_to_all_single that follows does not move it and still comes out right
-    beside them."""
+    its op counter moves by one per op and its byte counter by the ops' buffers, and the
+    staged executor's by nothing; the uneven all_to_all_single that follows is staged (and
+    counted there) and still comes out right beside them."""
     torch, dist = ctx.torch, ctx.dist
     group, executor = _group(ctx)
     backend = group._get_backend(torch.device("cuda", 0)) if ctx.torch2 else group
@@ -115,7 +126,8 @@ def _gather_scatter_alltoall(ctx, dtype_name, counts):
     n, r = ctx.size, ctx.rank
     cuda = torch.device("cuda", 0)
     for count in counts:
-        before = backend._cuda_executor_ops()
+        b = count * torch.empty(0, dtype=dtype).element_size()
+        exp, before = C.Expected(), C.snapshot(backend)
         # all_to_all_single: block q of rank r's input goes to rank q
         inp = torch.cat([H.pattern(r, 10 + q, count, dtype) for q in range(n)]).to(cuda)
         out = torch.empty(n * count, dtype=dtype, device=cuda)
@@ -128,12 +140,13 @@ def _gather_scatter_alltoall(ctx, dtype_name, counts):
         dist.all_to_all_single(out2, inp2, group=group)
         ch.equal(f"all_to_all_single 2-D count={count}", out2.cpu(),
                  out.cpu().view(n * count, 1).expand(n * count, 2).contiguous())
-        ops = 2
+        exp.nccl(n * b).nccl(n * 2 * b)  # the 1-D and the 2-D one: n blocks each
         for root in sorted({0, n - 1}):
             t = H.pattern(r, 20 + root, count, dtype).to(cuda)
             gathered = ([torch.full((count,), 0, dtype=dtype, device=cuda) for _ in range(n)]
                         if r == root else None)
             dist.gather(t, gathered, dst=root, group=group)
+            exp.nccl(n * b if r == root else b)  # the root's n outputs, else the input
             if r == root:
                 for q in range(n):
                     ch.equal(f"gather root={root} count={count} from {q}", gathered[q].cpu(),
@@ -142,14 +155,13 @@ def _gather_scatter_alltoall(ctx, dtype_name, counts):
                       if r == root else None)
             got = torch.zeros(count, dtype=dtype, device=cuda)
             dist.scatter(got, pieces, src=root, group=group)
+            exp.nccl(n * b if r == root else b)
             ch.equal(f"scatter root={root} count={count}", got.cpu(),
                      H.pattern(root, 30 + r, count, dtype))
-            ops += 2
-        ch.true(f"count={count}: every op ran on the same-GPU executor",
-                backend._cuda_executor_ops() - before == ops,
-                f"{backend._cuda_executor_ops() - before} executor ops for {ops} collectives")
+        C.check(ch, f"count={count}: every op on the same-GPU executor", backend, before, exp,
+                "same-gpu")
     # Uneven splits stay on the staged path: rank r sends q + 1 elements to rank q.
-    before = backend._cuda_executor_ops()
+    before = C.snapshot(backend)
     recv = [r + 1] * n
     send = [q + 1 for q in range(n)]
     inp = torch.cat([H.pattern(r, 40 + q, q + 1, dtype) for q in range(n)]).to(cuda)
@@ -157,8 +169,9 @@ def _gather_scatter_alltoall(ctx, dtype_name, counts):
     dist.all_to_all_single(out, inp, output_split_sizes=recv, input_split_sizes=send, group=group)
     ch.equal("all_to_all_single uneven", out.cpu(),
              torch.cat([H.pattern(q, 40 + r, r + 1, dtype) for q in range(n)]))
-    ch.true("the uneven all_to_all_single was staged", backend._cuda_executor_ops() == before,
-            f"{backend._cuda_executor_ops() - before} executor ops")
+    es = torch.empty(0, dtype=dtype).element_size()
+    C.check(ch, "the uneven all_to_all_single was staged", backend, before,
+            C.Expected().staged(d2h=n * (n + 1) // 2 * es, h2d=n * (r + 1) * es), "same-gpu")
     dist.destroy_process_group(group)
     return ch.report()
 
@@ -222,7 +235,9 @@ def _small_messages(ctx, dtype_name):
     at = SMALL // torch.empty(0, dtype=dtype).element_size()
     ops = ["SUM", "PRODUCT", "MIN", "MAX"] + (["AVG", "PREMUL_SUM"] if dtype.is_floating_point
                                               else [])
+    backend = C.backend(ctx, cuda, group)
     for count in (0, 1, 7, at - 1, at, at + 1):
+        before = C.snapshot(backend)
         for op in ops:
             base = "SUM" if op in ("AVG", "PREMUL_SUM") else op
             inputs = [H.make_input(q, count, dtype, base, salt=7) for q in range(n)]
@@ -235,6 +250,9 @@ def _small_messages(ctx, dtype_name):
         dist.reduce(t, dst=n - 1, op=dist.ReduceOp.MAX, group=group)
         if r == n - 1:
             ch.equal(f"reduce MAX count={count}", t.cpu(), H.closed_form(inputs, "MAX", n))
+        # len(ops) all_reduces and a reduce, each of count elements, none staged.
+        C.check(ch, f"{dtype_name} count={count}", backend, before,
+                C.Expected().nccl(count * t.element_size(), ops=len(ops) + 1), "same-gpu")
     dist.destroy_process_group(group)
     return ch.report()
 

@@ -12,12 +12,22 @@ fp16/bf16 casts, int8) the two must agree bit for bit; PowerSGD's Gram-Schmidt
 sums its dot products in another order (BLAS instead of the loop), so there
 they agree to a stated tolerance. Then PyTorch's DDP and braid's reducer train
 a small model with each hook on CUDA and on CPU.
+
+Equal bits cannot tell which branch ran (a CUDA bucket copied to the CPU loops
+gives them too), so every run also counts: the hook's steps on the device and on
+the host (Note [Which branch a hook ran] in csrc/hooks/comm_hook.h: a CUDA bucket
+takes the device branch as often as its arithmetic implies and the host branch
+never, a CPU bucket the other way round), and what the group's staged CUDA
+executor moved for the hook's collectives (tests/python/cuda_counts.py: exactly
+their bytes on CUDA, nothing on the CPU).
 """
 
+import contextlib
 import math
 
 import pytest
 
+import cuda_counts as C
 import harness as H
 import test_hooks as T
 
@@ -53,6 +63,64 @@ def _run(fn, state, buf, shapes=None):
     return out.cpu()
 
 
+# ---- what a hook run implies: (steps, C.Expected) ---------------------------------
+# Steps per Note [Which branch a hook ran]; the staged executor's bytes per
+# collective: an allreduce copies its tensor in and back, an allgather its input
+# in and the group's n outputs back.
+
+def _allreduce_counts(nbytes, steps=0):
+    return steps, C.Expected().staged(d2h=nbytes, h2d=nbytes)
+
+
+def _cast_counts(numel, steps=2):
+    """fp16/bf16: one allreduce of the 16-bit values; 2 steps on a float32 bucket."""
+    return _allreduce_counts(2 * numel, steps)
+
+
+def _int8_counts(n, numel, chunk):
+    """int8: one allgather of the packed scales and values; quantize and dequantize."""
+    packed = 4 * -(-numel // chunk) + numel
+    return 2, C.Expected().staged(d2h=packed, h2d=n * packed)
+
+
+def _psgd_counts(shapes, rank, min_rate=2.0):
+    """A compressing PowerSGD step (torch's _should_compress): one allreduce of the
+    uncompressed values and the Ps, one of the Qs if any matrix is compressed; two
+    Gram-Schmidt passes per compressed matrix."""
+    mats, first, qs = 0, 0, 0
+    for s in shapes:
+        numel = math.prod(s)
+        if len(s) >= 2 and numel > 0:
+            rows, cols = s[0], numel // s[0]
+            r = min(rows, cols, rank)
+            if (rows + cols) * r * min_rate < rows * cols:
+                mats, first, qs = mats + 1, first + rows * r, qs + cols * r
+                continue
+        first += numel
+    exp = C.Expected().staged(d2h=4 * first, h2d=4 * first)
+    if mats:
+        exp.staged(d2h=4 * qs, h2d=4 * qs)
+    return 2 * mats, exp
+
+
+@contextlib.contextmanager
+def _counted(ctx, state, dev, counts):
+    """The hook runs inside on a bucket on `dev`: (steps, expected) = counts. On CUDA its
+    device branch runs `steps` times, its host branch never, and the staged executor counts
+    exactly `expected`; on the CPU the other way round, and the executor nothing."""
+    steps, expected = counts
+    hook = state._cpp_hook()
+    backend = C.chosen_backend(ctx, _cuda(ctx))
+    d0, h0, before = hook.device_steps, hook.host_steps, C.snapshot(backend)
+    yield
+    on_cuda = dev.type == "cuda"
+    got = (hook.device_steps - d0, hook.host_steps - h0)
+    want = (steps, 0) if on_cuda else (0, steps)
+    assert got == want, f"{hook.name} on {dev}: (device, host) steps {got}, expected {want}"
+    C.require(f"{hook.name} on {dev}", backend, before, expected if on_cuda else C.Expected(),
+              "staged" if on_cuda else None)
+
+
 def torch_equal_nan(a, b):
     """torch.equal, with NaN equal to NaN."""
     import torch
@@ -71,7 +139,8 @@ def _allreduce(ctx):
     outs, states = [], []
     for dev in _devices(ctx):
         states.append(hooks.allreduce_state())
-        outs.append(_run(hooks.allreduce, states[-1], xs[ctx.rank].to(dev, copy=True)))
+        with _counted(ctx, states[-1], dev, _allreduce_counts(1001 * 4)):
+            outs.append(_run(hooks.allreduce, states[-1], xs[ctx.rank].to(dev, copy=True)))
     cpu, cuda = outs
     assert torch.equal(cuda, cpu)  # the same division, the same sum
     assert torch.allclose(cuda, T._mean(xs), rtol=1e-6, atol=1e-6)
@@ -93,12 +162,16 @@ def _cast(ctx, kind, dtype_name):
     results = {}
     for dev in _devices(ctx):
         state = make()
-        out = _run(fn, state, xs[ctx.rank].to(dev, copy=True))
+        with _counted(ctx, state, dev, _cast_counts(1001)):
+            out = _run(fn, state, xs[ctx.rank].to(dev, copy=True))
         assert out.dtype == torch.float32 and torch.equal(out, want), (dev, (out - want).abs())
         assert torch.isfinite(out[0])
-        # Buckets in float64 (divide, round) and in the wire type (plain mean).
-        f64 = _run(fn, state, xs[ctx.rank].double().to(dev, copy=True))
-        wire = _run(fn, state, xs[ctx.rank].to(dtype).to(dev, copy=True))
+        # Buckets in float64 (divide, round) and in the wire type (plain mean): ATen
+        # ops on either device, no branch to count.
+        with _counted(ctx, state, dev, _cast_counts(1001, steps=0)):
+            f64 = _run(fn, state, xs[ctx.rank].double().to(dev, copy=True))
+        with _counted(ctx, state, dev, _cast_counts(1001, steps=0)):
+            wire = _run(fn, state, xs[ctx.rank].to(dtype).to(dev, copy=True))
         results[dev.type] = (out, f64, wire, state.wire_bytes)
     cpu, cuda = results["cpu"], results["cuda"]
     # (A float16 bucket holds +-70000 as +-inf already: its element 0 is NaN on both.)
@@ -120,7 +193,8 @@ def _int8(ctx):
     outs = []
     for dev in _devices(ctx):
         state = hooks.int8_state(chunk_size=chunk, use_error_feedback=False)
-        out = _run(hooks.int8_compress, state, xs[ctx.rank].to(dev, copy=True))
+        with _counted(ctx, state, dev, _int8_counts(ctx.size, n, chunk)):
+            out = _run(hooks.int8_compress, state, xs[ctx.rank].to(dev, copy=True))
         assert torch.allclose(out, T._int8_mean(xs, chunk), rtol=1e-6, atol=1e-7)
         bound = sum(T._int8_quantize(x, chunk)[2] for x in xs) / 2 / ctx.size
         assert torch.all((out - T._mean(xs)).abs() <= bound * (1 + 1e-5) + 1e-7)
@@ -129,7 +203,9 @@ def _int8(ctx):
         nchunks = -(-n // chunk)
         assert state.payload_bytes == n + 4 * nchunks
         # A bfloat16 bucket is quantized from its float32 copy.
-        half = _run(hooks.int8_compress, state, xs[ctx.rank].to(torch.bfloat16).to(dev, copy=True))
+        with _counted(ctx, state, dev, _int8_counts(ctx.size, n, chunk)):
+            half = _run(hooks.int8_compress, state,
+                        xs[ctx.rank].to(torch.bfloat16).to(dev, copy=True))
         outs.append((out, half))
     (cpu, cpu_half), (cuda, cuda_half) = outs
     assert torch.equal(cuda, cpu), (cuda - cpu).abs().max()  # same rules, op by op
@@ -150,7 +226,8 @@ def _int8_error_feedback(ctx):
         vs = [xs[r] + residuals[r] for r in range(ctx.size)]
         got = {}
         for kind, (dev, state) in states.items():
-            out = _run(hooks.int8_compress, state, xs[ctx.rank].to(dev, copy=True))
+            with _counted(ctx, state, dev, _int8_counts(ctx.size, n, chunk)):
+                out = _run(hooks.int8_compress, state, xs[ctx.rank].to(dev, copy=True))
             assert torch.allclose(out, T._int8_mean(vs, chunk), rtol=1e-6, atol=1e-6), kind
             res = state.residual(0)
             assert res.device == dev
@@ -177,7 +254,8 @@ def _int8_nonfinite(ctx):
     got = []
     for dev in _devices(ctx):
         state = hooks.int8_state(chunk_size=chunk)
-        out = _run(hooks.int8_compress, state, x.to(dev, copy=True))
+        with _counted(ctx, state, dev, _int8_counts(ctx.size, n, chunk)):
+            out = _run(hooks.int8_compress, state, x.to(dev, copy=True))
         assert torch.all(torch.isnan(out[64:128]))  # never a plausible number
         assert torch.all(torch.isfinite(out[:64])) and torch.all(torch.isfinite(out[128:]))
         res = state.residual(0).cpu()
@@ -200,7 +278,8 @@ def _powersgd_full_rank(ctx):
         state = hooks.powersgd_state(matrix_approximation_rank=16, start_powerSGD_iter=0,
                                      min_compression_rate=0, use_error_feedback=False,
                                      warm_start=False)
-        out = _run(hooks.powersgd, state, xs[ctx.rank].to(dev, copy=True), shapes)
+        with _counted(ctx, state, dev, _psgd_counts(shapes, rank=16, min_rate=0)):
+            out = _run(hooks.powersgd, state, xs[ctx.rank].to(dev, copy=True), shapes)
         assert torch.allclose(out, mean, rtol=1e-4, atol=1e-5), (dev, (out - mean).abs().max())
         assert state.payload_bytes == 4 * ((8 + 16 * 8 + 4 * 4) + (8 * 8 + 6 * 4))
         outs.append(out)
@@ -219,7 +298,8 @@ def _powersgd_low_rank(ctx):
     for dev in _devices(ctx):
         state = hooks.powersgd_state(matrix_approximation_rank=1, start_powerSGD_iter=0,
                                      use_error_feedback=False, warm_start=False)
-        out = _run(hooks.powersgd, state, xs[ctx.rank].to(dev, copy=True), shapes)
+        with _counted(ctx, state, dev, _psgd_counts(shapes, rank=1)):
+            out = _run(hooks.powersgd, state, xs[ctx.rank].to(dev, copy=True), shapes)
         T._check_rank_one_projection(torch, out, mean, state)
         outs.append(out)
     # The same random Q on both devices (drawn on the CPU), hence the same projection.
@@ -243,8 +323,11 @@ def _powersgd_error_feedback(ctx):
         xs = T._inputs(ctx, n, seed=10 + it)
         corrected = xs[ctx.rank] + carried
         got = {}
+        # Plain allreduce before start_powerSGD_iter, then compressed steps.
+        counts = _allreduce_counts(4 * n) if it < 2 else _psgd_counts(shapes, rank=2)
         for kind, (dev, state) in states.items():
-            out = _run(hooks.powersgd, state, xs[ctx.rank].to(dev, copy=True), shapes)
+            with _counted(ctx, state, dev, counts):
+                out = _run(hooks.powersgd, state, xs[ctx.rank].to(dev, copy=True), shapes)
             res = state.residual(0)
             got[kind] = (out, None if res is None else res.cpu())
         out, res = got["cuda"]
@@ -281,6 +364,9 @@ def _slow_streams(ctx):
     cases = [("fp16", hooks.fp16_state, hooks.fp16_compress),
              ("int8", lambda: hooks.int8_state(chunk_size=32), hooks.int8_compress),
              ("powersgd", T._full_rank_powersgd, hooks.powersgd)]
+    numel = xs[ctx.rank].numel()
+    counts = {"fp16": _cast_counts(numel), "int8": _int8_counts(ctx.size, numel, 32),
+              "powersgd": _psgd_counts(shapes, rank=64, min_rate=0)}
     want = {name: _run(fn, make(), xs[ctx.rank].clone(), shapes) for name, make, fn in cases}
     import braid_sim
 
@@ -294,11 +380,15 @@ def _slow_streams(ctx):
         braid_sim.delay_current_stream(dev.index, 20_000)
         braid_sim.write(buf, xs[ctx.rank])
         braid_sim.delay_current_stream(dev.index, 0)
-        check(name, _run(fn, make(), buf, shapes))
+        state = make()
+        with _counted(ctx, state, dev, counts[name]):
+            check(name, _run(fn, state, buf, shapes))
     braid_sim.delay_comm_stream(backend, 20_000)
     try:
         for name, make, fn in cases:
-            check(name, _run(fn, make(), xs[ctx.rank].to(dev, copy=True), shapes))
+            state = make()
+            with _counted(ctx, state, dev, counts[name]):
+                check(name, _run(fn, state, xs[ctx.rank].to(dev, copy=True), shapes))
     finally:
         braid_sim.delay_comm_stream(backend, 0)
 
@@ -343,10 +433,18 @@ def _train(ctx, device, which, hook):
     ddp.register_comm_hook(state, fn)
     opt = torch.optim.SGD(ddp.parameters(), lr=0.1)
     g = torch.Generator().manual_seed(100 + ctx.rank)
+    backend = C.backend(ctx, device) if device.type == "cuda" else None
     for _ in range(3):  # the hooks see the rebuilt buckets from step 2, PowerSGD compresses at 3
         x, y = torch.randn(6, 8, generator=g), torch.randn(6, 3, generator=g)
         opt.zero_grad()
-        torch.nn.functional.mse_loss(ddp(x.to(device)), y.to(device)).backward()
+        loss = torch.nn.functional.mse_loss(ddp(x.to(device)), y.to(device))
+        # The backward's collectives are the hook's (the flight recorder's).
+        mark, before = C.recorded_mark(), backend and C.snapshot(backend)
+        loss.backward()
+        ops = C.recorded_since(mark)
+        if backend:
+            C.require(f"{which} DDP {hook}: a backward's collectives {ops}", backend, before,
+                      C.Expected().recorded(ops), "staged")
         opt.step()
     return [p.detach().cpu() for p in model.parameters()], state
 
@@ -357,9 +455,18 @@ def _ddp_same_as_cpu(ctx, which):
     ch = H.Checker(ctx)
     start = list(_model(torch, 7).parameters())  # rank 0's, which DDP broadcasts
     for hook in _hooks():
-        on_cpu, _ = _train(ctx, torch.device("cpu"), which, hook)
+        on_cpu, cpu_state = _train(ctx, torch.device("cpu"), which, hook)
         on_cuda, state = _train(ctx, cuda, which, hook)
         ch.true(f"{which} DDP {hook}: the C++ hook ran", state.wire_bytes > 0, "no bytes")
+        # The same buckets and steps: the CUDA run takes the device branch exactly as
+        # often as the CPU run takes the host branch (the casts, quantizations and
+        # Gram-Schmidt passes; none for allreduce), and never the host branch.
+        on, off = state._cpp_hook(), cpu_state._cpp_hook()
+        got = (on.device_steps, on.host_steps, off.device_steps)
+        ch.true(f"{which} DDP {hook}: the CUDA buckets' steps ran on the device",
+                got == (off.host_steps, 0, 0) and (off.host_steps > 0) == (hook != "allreduce"),
+                f"CUDA run (device, host) steps {got[:2]}, CPU run (device, host) steps "
+                f"{(got[2], off.host_steps)}")
         ch.true(f"{which} DDP {hook}: training moved the parameters",
                 all(not torch.equal(a, b) for a, b in zip(on_cuda, start)), "")
         for i, (a, b) in enumerate(zip(on_cpu, on_cuda)):

@@ -266,6 +266,8 @@ void CudaContext::choose() {
   }
   choice_ = strCat(cuda::toString(c.kind), ": ", c.reason,
                    nccl || c.kind != cuda::CudaExecutorKind::kStaged ? "" : strCat(" (", noNccl, ")"));
+  kind_ = c.kind;
+  decided_.store(true, std::memory_order_release);
   BRAID_LOG(kInfo, "cuda", rank_) << "CUDA ops on " << device_.str() << " run " << choice_;
 }
 
@@ -282,6 +284,29 @@ cuda::NcclExecutor* CudaContext::nccl() {
 }
 
 std::string CudaContext::executorDescription() { return choice_; }
+
+CudaExecutorStats CudaContext::stats() {
+  CudaExecutorStats s;
+  s.staged = staged_.snapshot();
+  if (!decided_.load(std::memory_order_acquire)) return s;
+  s.executor = cuda::toString(kind_);
+  if (nccl_) {
+    s.ncclOps = nccl_->opsIssued();
+    s.ncclBytes = nccl_->bytesIssued();
+  }
+  return s;
+}
+
+cuda::StagedOp::Env CudaContext::stagedEnv() {
+  cuda::StagedOp::Env env;
+  env.api = &api_;
+  env.device = device_.index();
+  env.comm = comm_;
+  // The op holds its context (CudaOp::ctx_), so the pool outlives the call.
+  env.event = [this] { return event(); };
+  env.counters = &staged_;
+  return env;
+}
 
 void CudaContext::shutdownNccl(bool drain) {
   // Once: a later abort() finds nothing left to abort.

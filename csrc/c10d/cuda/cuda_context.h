@@ -18,6 +18,7 @@
 
 #include "cuda/device_api.h"
 #include "cuda/nccl/executor_choice.h"
+#include "cuda/staged.h"
 #include "transport/store.h"
 
 namespace braid {
@@ -51,7 +52,21 @@ struct CudaGroupInfo {
 };
 
 // An event from a context's pool, returned to it when the last owner drops it.
-using PooledEvent = std::shared_ptr<void>;
+using PooledEvent = cuda::SharedEvent;
+
+// What a group's CUDA executors have run so far (Note [Counting what an
+// executor moved] in cuda/staged.h).
+struct CudaExecutorStats {
+  // "nccl", "same-gpu", "hier" or "staged" (cuda::toString); "" before the
+  // first CUDA collective chose it.
+  std::string executor;
+  // The staged executor: every CUDA op the chosen executor does not take.
+  cuda::StagedCounts staged;
+  // The NCCL executor (NCCL, same-gpu, hier; 0 when staged): its ops, and the
+  // bytes of their larger buffers (NcclExecutor::bytesIssued).
+  uint64_t ncclOps = 0;
+  uint64_t ncclBytes = 0;
+};
 
 // Note [Staging memory]
 // Page-locked host memory is slow to allocate (cudaHostAlloc takes
@@ -88,6 +103,10 @@ class CudaContext : public std::enable_shared_from_this<CudaContext> {
   cuda::NcclExecutor* nccl();
   // "nccl" or "staged" and why, once chosen; "" before.
   std::string executorDescription();
+  // Counts of both executors; never chooses one (no store traffic).
+  CudaExecutorStats stats();
+  // The staged executor's steps for one op on this context (cuda_op.h).
+  cuda::StagedOp::Env stagedEnv();
   // Shuts the NCCL executor down: `drain` lets pending ops finish first,
   // else idle communicators are destroyed and busy ones aborted.
   void shutdownNccl(bool drain);
@@ -130,6 +149,9 @@ class CudaContext : public std::enable_shared_from_this<CudaContext> {
   const c10::Device device_;
   std::once_flag chosen_;
   std::string choice_;
+  std::atomic<bool> decided_{false};  // choice_, kind_ and nccl_ are set
+  cuda::CudaExecutorKind kind_ = cuda::CudaExecutorKind::kStaged;
+  cuda::StagedCounters staged_;
   // The hierarchical collectives (kHier), before nccl_: the executor that
   // uses them goes first.
   std::unique_ptr<cuda::NcclApi> hier_;

@@ -13,6 +13,7 @@
 #include <vector>
 
 #include "c10d/cuda/cuda_context.h"
+#include "cuda/staged.h"
 
 namespace braid {
 
@@ -41,7 +42,10 @@ class WorkBraid;
 // Every device call goes through cuda::DeviceApi, so in CI the same code runs
 // on the simulated device, where a stream is a thread: leaving out the wait
 // of step 2 or the end event of step 3 makes tests/python/test_cuda_sim.py's
-// ordering tests read stale data.
+// ordering tests read stale data. Steps 2 and 3 are cuda::StagedOp's
+// (cuda/staged.h, torch-free, which tests/cpp/test_cuda_sim.cc drives with
+// threads as ranks); it counts the op and the bytes its copies move (Note
+// [Counting what an executor moved] in cuda/staged.h).
 class CudaOp {
  public:
   CudaOp(std::shared_ptr<CudaContext> ctx, int rank, const char* op);
@@ -63,20 +67,11 @@ class CudaOp {
   c10::Device device() const { return ctx_->device(); }
 
  private:
-  struct Copy {
-    void* dst;
-    const void* src;
-    size_t bytes;
-  };
-  void before(std::chrono::steady_clock::time_point deadline, std::chrono::milliseconds timeout);
-  void after(std::chrono::steady_clock::time_point deadline, std::chrono::milliseconds timeout);
-
   std::shared_ptr<CudaContext> ctx_;
   const int rank_;
   const char* op_;
-  std::vector<Copy> ins_;
+  cuda::StagedOp steps_;
   std::vector<at::Tensor> keep_;  // users and shadows, until the end event
-  PooledEvent caller_, staged_, end_;
 };
 
 // The op being issued on this thread, from its first argument check to

@@ -98,6 +98,25 @@ bool apiSupports(const NcclApi& nccl, NcclOpKind k) {
   }
 }
 
+// NcclExecutor::bytesIssued's count for one op.
+uint64_t opBytes(const NcclOp& op, int rank, int size) {
+  uint64_t blocks = 1;
+  switch (op.kind) {
+    case NcclOpKind::kAllgather:
+    case NcclOpKind::kReduceScatter:
+    case NcclOpKind::kAllToAll:
+      blocks = static_cast<uint64_t>(size);
+      break;
+    case NcclOpKind::kGather:
+    case NcclOpKind::kScatter:
+      blocks = rank == op.root ? static_cast<uint64_t>(size) : 1;
+      break;
+    default:
+      break;
+  }
+  return op.count * elementSize(op.dtype) * blocks;
+}
+
 void checkOp(const NcclApi& nccl, const NcclOp& op, int rank, int size) {
   const char* name = ncclOpName(op.kind);
   // Refused before anything is enqueued: the backend asks supports() first,
@@ -176,6 +195,11 @@ bool NcclExecutor::supportsReduction(NcclOpKind kind, DataType type, ReduceOp op
 uint64_t NcclExecutor::opsIssued() {
   std::lock_guard<std::mutex> lock(state_->mu);
   return state_->opSeq;
+}
+
+uint64_t NcclExecutor::bytesIssued() {
+  std::lock_guard<std::mutex> lock(state_->mu);
+  return state_->bytes;
 }
 int NcclExecutor::size() const { return state_->opt.size; }
 
@@ -428,6 +452,7 @@ std::shared_ptr<NcclWork> NcclExecutor::runGroup(const std::vector<NcclOp>& ops)
     if (s.failed) s.throwFailedLocked(name, rank);
     BRAID_ENFORCE(!s.closed, name, rank, "the NCCL executor was shut down");
     seq = ++s.opSeq;
+    for (const NcclOp& op : ops) s.bytes += opBytes(op, rank, s.opt.size);
   }
   DeviceComm dc = ensureComm(s, device, name);
   const NcclOp& first = ops[0];

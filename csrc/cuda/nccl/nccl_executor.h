@@ -209,6 +209,12 @@ class NcclExecutor {
   // run() and runGroup() calls that passed the argument checks so far (the
   // op's number in errors): tests see which path an op took.
   uint64_t opsIssued();
+  // The bytes of those ops' buffers (Note [Counting what an executor moved]
+  // in cuda/staged.h): per op, its larger buffer on this rank, count
+  // elements times the number of blocks it holds: 1 for allreduce,
+  // broadcast, reduce, send and recv; size() for allgather, reduceScatter and
+  // alltoall, and for gather and scatter at the root (1 at the other ranks).
+  uint64_t bytesIssued();
   // The comm stream of `device` (null before its first op).
   Stream commStream(int device);
   // Communicators made so far (for tests: one per device).

@@ -88,6 +88,7 @@ struct NcclExecutorState {
   bool closed = false;   // shutdown() began: no more run()
   bool stopWatchdog = false;
   uint64_t opSeq = 0;
+  uint64_t bytes = 0;  // NcclExecutor::bytesIssued
   std::thread watchdog;  // started by the first op
 
   // ---- nccl_work.cc ----
