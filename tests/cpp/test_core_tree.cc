@@ -309,7 +309,11 @@ TEST(Tree, ATimeoutNamesTheRankMissing) {
 }
 
 // Issue 30 item 5: many more ranks than cores complete at once, each rank
-// waiting on 5 counters at most and sleeping when its spin runs out.
+// waiting on 5 counters at most and sleeping when its spin runs out. Every op
+// must end within its timeout (a rank that starves the others fails the test
+// with a TimeoutError); how fast they go is measured by
+// benchmarks/tree_allreduce.cc (`tree_allreduce 3 64`), not bounded here
+// (Note [Timing bounds in tests] in tests/cpp/timing.h).
 TEST(Tree, SixtyFourRanksOversubscribed) {
   for (int n : {32, 64}) {
     const auto t0 = std::chrono::steady_clock::now();
@@ -327,7 +331,6 @@ TEST(Tree, SixtyFourRanksOversubscribed) {
     });
     EXPECT_EQ(bad.load(), 0) << n;
     const double s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
-    EXPECT_LT(s, 20.0) << n << " ranks took " << s << " s";
     std::printf("[ tree ] %d ranks: 110 ops in %.2f s (group creation included)\n", n, s);
   }
 }

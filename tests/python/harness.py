@@ -169,6 +169,20 @@ def orphaned_segments(before):
     return orphans
 
 
+def timeout_bound(timeout):
+    """The latest (seconds) an op with a timeout of `timeout` seconds may end when it must end
+    by timing out: timeout + max(2 s, 2 x timeout), room for a loaded 2-core machine (Note
+    [Timing bounds in tests] in tests/cpp/timing.h)."""
+    return timeout + max(2.0, 2.0 * timeout)
+
+
+def early_bound(timeout):
+    """The latest (seconds) an op with a timeout of `timeout` seconds may end when it must end
+    early (an abort, a dead peer), not at its deadline: half the timeout (Note [Timing bounds
+    in tests] in tests/cpp/timing.h)."""
+    return timeout / 2
+
+
 def timed_allreduce(ctx, t=None, group=None):
     """(error message or "no error", seconds) of one allreduce of `t` (default: 4 ones) on
     `group` (default: the default group), on a worker; a CUDA tensor is read back, so that an

@@ -296,7 +296,9 @@ def test_across_processes_a_rank_that_exits_mid_op_fails_every_other_rank():
         assert outcomes[r].ok, outcomes[r].describe()
         message, took = outcomes[r].value
         assert message != "no error", f"rank {r}: the allreduce returned without rank 3"
-        assert took < 10.0, f"rank {r} failed after {took:.1f} s (group timeout 30 s)"
+        # Note [Timing bounds in tests] in tests/cpp/timing.h
+        assert took < H.early_bound(30.0), (
+            f"rank {r} failed after {took:.1f} s (group timeout 30 s)")
     message = outcomes[2].value[0]
     assert f"(pid {pid3})" in message and "exited" in message, message
     assert "GPU 1 (ranks 2, 3 as its local ranks 0, 1)" in message, message

@@ -208,7 +208,9 @@ def test_a_rank_that_exits_mid_op_is_named_and_nothing_leaks(count):
     message, took = outcomes[0].value
     assert message != "no error", "an allreduce with a dead peer returned normally"
     assert f"rank 1 (pid {pid1})" in message and "exited" in message, message
-    assert took < 10.0, f"the dead rank was noticed after {took:.1f} s (group timeout 30 s)"
+    # Note [Timing bounds in tests] in tests/cpp/timing.h
+    assert took < H.early_bound(30.0), (
+        f"the dead rank was noticed after {took:.1f} s (group timeout 30 s)")
     assert not world.leaks, world.leaks
 
 

@@ -137,7 +137,8 @@ def test_peer_timeout_then_clean_exit():
     finally:
         codes = world.close(timeout=30)
     assert message != "no error", "allreduce without its peer returned normally"
-    assert 1.9 <= elapsed <= 3.0, f"error after {elapsed:.2f} s, expected within 2 s + 1 s"
+    # Note [Timing bounds in tests] in tests/cpp/timing.h
+    assert 1.9 <= elapsed <= H.timeout_bound(2.0), f"error after {elapsed:.2f} s, expected 2 s"
     if H.BACKEND == "braid":
         with pytest.raises(RuntimeError,
                            match=r"Timed out after 2000 ms waiting for rank\(s\) \[1\]"):
@@ -165,7 +166,8 @@ def test_dead_peer_is_reported_quickly():
     assert outcomes[0].ok, outcomes[0].describe()
     message, elapsed = outcomes[0].value
     assert message != "no error", "allreduce with a dead peer returned normally"
-    assert elapsed < 10.0, f"dead peer noticed after {elapsed:.1f} s (group timeout 30 s)"
+    assert elapsed < H.early_bound(30.0), (
+        f"dead peer noticed after {elapsed:.1f} s (group timeout 30 s)")
     if H.BACKEND == "braid":
         with pytest.raises(RuntimeError, match=rf"rank 1 \(pid {pid1}\) exited"):
             raise_outcome(message)

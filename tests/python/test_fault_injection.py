@@ -6,8 +6,9 @@ fault: sys.exit(0), sys.exit(1), os.abort(), SIGKILL, SIGTERM, a hang
 (scripts/inject.py, Note [Injection points], says where each lands). Each case
 runs in fresh processes, each in a session of its own. Asserted, per case:
 
-- every survivor raised (its op or its next one), within the group timeout
-  + 1 s of the moment the victim injected (the victim's DIR/t0);
+- every survivor raised (its op or its next one), within the group timeout T
+  + max(2 s, 2 T) of the moment the victim injected (the victim's DIR/t0; Note
+  [Timing bounds in tests] in tests/cpp/timing.h: the summary gives the times);
 - its message names the op family ("braid allreduce (rank R)", "braid send"/
   "braid recv", ...), its own rank, and a peer it lost: "rank P (pid X) exited",
   "rank P left the group" or "rank P left op #N" (a survivor that gave up an op
@@ -49,7 +50,9 @@ FAULTS = ["exit0", "exit1", "abort", "sigkill", "sigterm", "hang", "cbhang"]
 DEATHS = {"exit0", "exit1", "abort", "sigkill", "sigterm"}
 HANGS = {"hang", "cbhang"}
 PG_TIMEOUT_S = float(os.environ.get("BRAID_TEST_FAULT_TIMEOUT", "3"))
-SLACK_S = 1.0  # the bound: group timeout + 1 s
+# The bound on detection, after the group timeout: room for a loaded 2-core machine (Note
+# [Timing bounds in tests] in tests/cpp/timing.h); the measured times are in the summary.
+SLACK_S = H.timeout_bound(PG_TIMEOUT_S) - PG_TIMEOUT_S
 INJECT_AT = 5  # iterations 0-4 run (and are checked) before the fault
 CASE_DEADLINE_S = 120.0  # start (imports) + init + fault + exit, for every process
 OPS = {"allreduce": "allreduce", "broadcast": "broadcast", "allgather": "allgather",
