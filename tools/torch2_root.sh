@@ -104,5 +104,6 @@ cp /etc/hosts "$root/etc/hosts" 2>/dev/null || true
 # Debian's torch 2.6 has no libuv TCPStore.
 env -i PATH=/usr/sbin:/usr/bin:/sbin:/bin HOME=/root USE_LIBUV=0 CI="${CI:-}" \
   BRAID_TEST_TIER="${BRAID_TEST_TIER:-fast}" BRAID_TEST_SLOW_SHARD="${BRAID_TEST_SLOW_SHARD:-}" \
-  BRAID_PHASES_FILE="${BRAID_PHASES_FILE:-}" CCACHE_DIR=/var/cache/braid/ccache \
+  BRAID_PHASES_FILE="${BRAID_PHASES_FILE:-}" BRAID_STRICT_SKIPS="${BRAID_STRICT_SKIPS:-}" \
+  BRAID_SKIPS_WRITE="${BRAID_SKIPS_WRITE:-}" CCACHE_DIR=/var/cache/braid/ccache \
   chroot "$root" /bin/bash -c 'cd /braid && "$@"' bash "$@"

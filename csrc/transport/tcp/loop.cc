@@ -271,6 +271,7 @@ void TcpTransport::onHandshake(Conn* c) {
       std::lock_guard<std::mutex> lock(mu_);
       if (rejections_.size() < kMaxRejectionsKept) rejections_.push_back(msg);
     }
+    cv_.notify_all();  // waitConnected may be waiting for it (a peer's report came first)
     return closeConn(c);
   }
 }

@@ -38,6 +38,9 @@ std::string addrKey(const std::string& group, int rank) {
 // address stays published; ranks that read it still find the first report
 // before they dial, or while they wait for their sockets.
 constexpr auto kFailurePoll = std::chrono::milliseconds(100);
+// How long an acceptor waits for its own refusal of a peer that reported it
+// could not connect, before failing without it (waitConnected).
+constexpr auto kRefusalGrace = std::chrono::seconds(1);
 
 std::string failedKey(const std::string& group) { return "braid/tcp/" + group + "/failed"; }
 // The reason of the n-th rank to fail (from 1): waiters quote the first, the
@@ -163,6 +166,13 @@ void TcpTransport::waitConnected(Store& store, Clock::time_point deadline) {
       // The store is unreachable: the deadline still ends the wait.
     }
     lock.lock();
+  }
+  // A peer's report can reach the store before this rank's progress thread has
+  // finished refusing that peer's dial (seen under load): give the refusal a
+  // moment, as it is what says why, when none is recorded yet.
+  if (!peerWhy.empty() && rejections_.empty()) {
+    cv_.wait_until(lock, std::min(deadline, Clock::now() + kRefusalGrace),
+                   [&] { return !rejections_.empty(); });
   }
   // The connections this rank refused go with either failure: when ranks of
   // two hosts have different secrets, an acceptor's own failure is often a
