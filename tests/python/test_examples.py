@@ -24,14 +24,11 @@ def _hooks_importable():
 
 
 @pytest.mark.parametrize("name", EXAMPLES)
-@pytest.mark.skipif(bool(H.torchrun_unusable()), reason=str(H.torchrun_unusable()))
 def test_example(name, tmp_path):
     if name == "ddp_hook" and not _hooks_importable():
         pytest.skip("torch_braid._C is not built")
     script = os.path.join(H.REPO, "examples", name + ".py")
-    env = dict(os.environ)
-    env["BRAID_EXAMPLE_BACKEND"] = H.BACKEND
-    env["PYTHONPATH"] = H.PYTHON_DIR + os.pathsep + env.get("PYTHONPATH", "")
+    env = H.torchrun_env(BRAID_EXAMPLE_BACKEND=H.BACKEND)  # without USE_LIBUV
     scratch = tmp_path / "tmp"  # the checkpoint example writes there, and must clean up
     scratch.mkdir()
     env["TMPDIR"] = str(scratch)
