@@ -69,21 +69,31 @@ def tcp_store(*args, **kwargs):
         return dist.TCPStore(*args, **kwargs)
 
 
-def torchrun_unusable():
-    """Why torchrun cannot run workers here, or None.
-
-    Debian's torch 2.x is built without libuv, yet its torchrun workers'
-    stores ask for libuv (tools/torchrun.py fixes the agent's own store, not
-    the workers' yet); gloo fails there the same way."""
+def torch_lacks_libuv():
+    """Whether this torch has a use_libuv option but cannot start a libuv TCPStore server
+    (Debian's torch 2.6 and 2.14). The tests' own probe, apart from tools/torchrun.py's."""
     import torch.distributed as dist
     try:
         dist.TCPStore("127.0.0.1", 0, 1, True, use_libuv=True, wait_for_workers=False)
     except TypeError:
-        return None  # torch 1.x: no libuv option
+        return False  # torch 1.x: no libuv option
     except RuntimeError as e:
         if "libuv" in str(e):
-            return "this torch has no libuv TCPStore, which torchrun's workers require"
-    return None
+            return True
+        raise
+    return False
+
+
+def torchrun_env(**extra):
+    """The environment of a torchrun launch in a test: this one's, with python/ on
+    PYTHONPATH, `extra` added, and USE_LIBUV removed, as on a machine where nobody set it:
+    tools/torchrun.py must set it where this torch needs it (Note [torchrun without libuv]
+    in tools/torchrun.py), for itself and for the workers. tools/torch2_root.sh sets it in
+    the torch 2.x roots, which would hide a launcher that does not."""
+    env = {k: v for k, v in os.environ.items() if k != "USE_LIBUV"}
+    env["PYTHONPATH"] = PYTHON_DIR + os.pathsep + os.environ.get("PYTHONPATH", "")
+    env.update(extra)
+    return env
 
 
 def free_port():

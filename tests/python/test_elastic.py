@@ -33,15 +33,13 @@ def _train(tmp_path, name, kill_step):
             "--log_dir", str(tmp_path / f"logs-{name}"), f"--master_port={H.free_port()}",
             SCRIPT, "--dir", str(run_dir), "--steps", str(STEPS),
             "--ckpt-every", str(CKPT_EVERY), "--kill-step", str(kill_step)]
-    env = dict(os.environ, BRAID_TEST_BACKEND=H.BACKEND,
-               PYTHONPATH=H.PYTHON_DIR + os.pathsep + os.environ.get("PYTHONPATH", ""))
+    env = H.torchrun_env(BRAID_TEST_BACKEND=H.BACKEND)  # without USE_LIBUV
     rc, out = H.run_session(cmd, TIMEOUT_S, f"{name}: torchrun", env=env, cwd=H.REPO)
     assert rc == 0, f"{name}: torchrun exited with {rc}:\n{out[-6000:]}"
     with open(run_dir / "result.json") as f:
         return json.load(f), out, run_dir
 
 
-@pytest.mark.skipif(bool(H.torchrun_unusable()), reason=str(H.torchrun_unusable()))
 def test_killed_worker_resumes_from_checkpoint(tmp_path):
     shm_before = H.shm_entries()
     clean, clean_out, _ = _train(tmp_path, "clean", kill_step=-1)

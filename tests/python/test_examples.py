@@ -16,12 +16,9 @@ TIMEOUT_S = float(os.environ.get("BRAID_EXAMPLE_TIMEOUT", "180"))
 
 
 @pytest.mark.parametrize("name", EXAMPLES)
-@pytest.mark.skipif(bool(H.torchrun_unusable()), reason=str(H.torchrun_unusable()))
 def test_example(name, tmp_path):
     script = os.path.join(H.REPO, "examples", name + ".py")
-    env = dict(os.environ)
-    env["BRAID_EXAMPLE_BACKEND"] = H.BACKEND
-    env["PYTHONPATH"] = H.PYTHON_DIR + os.pathsep + env.get("PYTHONPATH", "")
+    env = H.torchrun_env(BRAID_EXAMPLE_BACKEND=H.BACKEND)  # without USE_LIBUV
     scratch = tmp_path / "tmp"  # the checkpoint example writes there, and must clean up
     scratch.mkdir()
     env["TMPDIR"] = str(scratch)

@@ -209,11 +209,17 @@ def test_destroy_with_dropped_async_work():
         assert res == [True] * 10, f"rank {r}: per round, the kept allreduce right: {res}"
 
 
-@pytest.mark.skipif(bool(H.torchrun_unusable()), reason=str(H.torchrun_unusable()))
-def test_torchrun(tmp_path):
+@pytest.mark.parametrize("use_libuv", [None, "0"], ids=["USE_LIBUV-unset", "USE_LIBUV=0"])
+def test_torchrun(tmp_path, use_libuv):
+    """tools/torchrun.py on any torch, with USE_LIBUV unset (as on a machine where nobody set
+    it) or set to 0 beforehand (as tools/torch2_root.sh does). The workers must find 0 where
+    this torch has no libuv (Note [torchrun without libuv] in tools/torchrun.py), what was set
+    otherwise. USE_LIBUV=0 on torch 1.13, which has no libuv option, once made torchrun's
+    agent fail (TypeError: use_libuv)."""
     script = os.path.join(os.path.dirname(__file__), "scripts", "torchrun_allreduce.py")
-    env = dict(os.environ, BRAID_TEST_BACKEND=H.BACKEND, BRAID_TORCHRUN_OUT=str(tmp_path),
-               PYTHONPATH=os.pathsep.join([H.PYTHON_DIR, os.environ.get("PYTHONPATH", "")]))
+    extra = {} if use_libuv is None else {"USE_LIBUV": use_libuv}
+    env = H.torchrun_env(BRAID_TEST_BACKEND=H.BACKEND, BRAID_TORCHRUN_OUT=str(tmp_path), **extra)
+    want = "0" if use_libuv == "0" or H.torch_lacks_libuv() else "-"
     before = H.shm_entries()
     # Per-rank --redirects/--tee maps: torch 1.13's parser turns the plain values
     # 0 and 3 into None under Python 3.11 (IntFlag iteration changed) and fails.
@@ -231,7 +237,9 @@ def test_torchrun(tmp_path):
     assert proc.returncode == 0, f"torchrun exit code {proc.returncode}:\n{out}"
     for r in range(2):
         result = tmp_path / f"rank{r}"
-        assert result.exists() and result.read_text() == f"ok {r} of 2", out
+        assert result.exists(), out
+        got = result.read_text()
+        assert got == f"ok {r} of 2, USE_LIBUV={want}", f"rank {r} wrote {got!r}:\n{out}"
     leaked = H.orphaned_segments(before)
     assert not leaked, f"/dev/shm entries of exited processes: {leaked}"
 

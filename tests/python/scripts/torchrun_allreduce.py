@@ -1,7 +1,9 @@
 """Run by test_init.py under torchrun: env:// init, a few collectives, clean exit.
 
-When every check passed, each rank writes "ok R of N" to $BRAID_TORCHRUN_OUT/rank<R>
-(files, because the ranks' stdout lines interleave).
+When every check passed, each rank writes "ok R of N, USE_LIBUV=V" to
+$BRAID_TORCHRUN_OUT/rank<R> (files, because the ranks' stdout lines interleave); V is
+what the worker found in its environment (Note [torchrun without libuv] in
+tools/torchrun.py), "-" when unset.
 """
 
 import os
@@ -36,5 +38,5 @@ assert all(torch.equal(o, torch.full((3,), r, dtype=torch.int64)) for r, o in en
 dist.barrier()
 dist.destroy_process_group()
 with open(os.path.join(os.environ["BRAID_TORCHRUN_OUT"], f"rank{rank}"), "w") as f:
-    f.write(f"ok {rank} of {n}")
+    f.write(f"ok {rank} of {n}, USE_LIBUV={os.environ.get('USE_LIBUV', '-')}")
 sys.exit(0)
