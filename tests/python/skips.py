@@ -253,6 +253,9 @@ def target(kind, leg):
     w = os.environ.get("BRAID_SKIPS_WRITE")
     if not w:
         return None
+    # Relative to the repository, wherever the run's working directory is (the GPU
+    # check collects from another one).
+    w = os.path.join(REPO, w)
     if os.path.isdir(w):
         return os.path.join(w, (leg if kind == "pytest" else f"cpp-{leg}") + ".txt")
     return w if kind == "pytest" else None
