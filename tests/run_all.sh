@@ -20,12 +20,7 @@
 set -euo pipefail
 repo=$(cd "$(dirname "$0")/.." && pwd)
 start=$SECONDS
-phases=()
-phase_start=$SECONDS
-phase() {  # phase NAME: closes the running phase under NAME
-  phases+=("$(printf '%-34s %5d s' "$1" $((SECONDS - phase_start)))")
-  phase_start=$SECONDS
-}
+. "$repo/tools/phases.sh"
 report() {
   echo "run_all: phase times (wall clock):" >&2
   printf '  %s\n' "${phases[@]}" >&2

@@ -14,14 +14,8 @@ cd "$repo"
 PY=/usr/bin/python3
 tier=${BRAID_TEST_TIER:-fast}
 leg=$(. /etc/os-release 2>/dev/null; echo "${VERSION_CODENAME:-host}")
-phases=()
-phase_start=$SECONDS
-phase() {  # phase NAME: the time since the last phase ended
-  local line; line=$(printf '%-34s %5d s' "$leg: $1" $((SECONDS - phase_start)))
-  phases+=("$line")
-  [[ -z "${BRAID_PHASES_FILE:-}" ]] || echo "$line" >>"$BRAID_PHASES_FILE"
-  phase_start=$SECONDS
-}
+phase_prefix="$leg: " phase_file=${BRAID_PHASES_FILE:-}
+. "$repo/tools/phases.sh"
 # Every build below (setup.sh's, the C++ tests', pip's) shares the machine's compiler cache,
 # with paths hashed relative to the checkout, so that a fresh clone reuses it.
 export CCACHE_DIR=${CCACHE_DIR:-/var/cache/braid/ccache} CCACHE_BASEDIR=${CCACHE_BASEDIR:-$repo}
