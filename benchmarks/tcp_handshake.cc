@@ -15,22 +15,13 @@
 #include <string>
 #include <vector>
 
-#include "../tests/cpp/memory_store.h"
+#include "tcp_bench.h"
 #include "transport/tcp/auth.h"
-#include "transport/tcp/transport.h"
 
 using namespace braid;
 using Clock = std::chrono::steady_clock;
 
 namespace {
-
-transport::tcp::TcpOptions options(int sockets, const std::string& group) {
-  transport::tcp::TcpOptions o;
-  o.groupId = group;
-  o.socketsPerPeer = sockets;
-  o.secret = "benchmark-secret";
-  return o;
-}
 
 double micros(Clock::duration d) { return std::chrono::duration<double, std::micro>(d).count(); }
 
@@ -42,11 +33,8 @@ int main(int argc, char** argv) {
   const int kSockets = 32;
   double best = 1e18;
   for (int rep = 0; rep < reps; ++rep) {
-    testing::MemoryStore store;
-    std::vector<std::unique_ptr<transport::Transport>> ts(2);
-    const auto o = options(kSockets, "handshake/" + std::to_string(rep));
     auto t0 = Clock::now();
-    testing::runRanks(2, [&](int r) { ts[r] = transport::tcp::connect(store, r, 2, o); });
+    auto ts = bench::connectPair(kSockets, "handshake/" + std::to_string(rep));
     best = std::min(best, micros(Clock::now() - t0));
   }
   // libcrypto is loaded by now (connect loads it).

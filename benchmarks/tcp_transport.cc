@@ -12,28 +12,12 @@
 #include <cstdlib>
 #include <vector>
 
-#include "../tests/cpp/memory_store.h"
-#include "transport/tcp/transport.h"
+#include "tcp_bench.h"
 
 using namespace braid;
 using Clock = std::chrono::steady_clock;
 
 namespace {
-
-transport::tcp::TcpOptions options(int sockets, const std::string& group) {
-  transport::tcp::TcpOptions o;
-  o.groupId = group;
-  o.socketsPerPeer = sockets;
-  o.secret = "benchmark-secret";
-  return o;
-}
-
-std::vector<std::unique_ptr<transport::Transport>> connectPair(int sockets, const std::string& group) {
-  testing::MemoryStore store;
-  std::vector<std::unique_ptr<transport::Transport>> ts(2);
-  testing::runRanks(2, [&](int r) { ts[r] = transport::tcp::connect(store, r, 2, options(sockets, group)); });
-  return ts;
-}
 
 double seconds(Clock::duration d) { return std::chrono::duration<double>(d).count(); }
 
@@ -45,9 +29,9 @@ int main(int argc, char** argv) {
   const size_t bytes = mib << 20;
   std::vector<uint8_t> src(bytes, 0x5A), dst(bytes);
   std::printf("loopback, %zu MiB from rank 0 to rank 1, best of %d (chunk %zu KiB)\n", mib, reps,
-              options(1, "").chunkBytes >> 10);
+              bench::tcpOptions(1, "").chunkBytes >> 10);
   for (int sockets : {1, 2, 4, 8}) {
-    auto ts = connectPair(sockets, "bw" + std::to_string(sockets));
+    auto ts = bench::connectPair(sockets, "bw" + std::to_string(sockets));
     double best = 1e9;
     for (int rep = 0; rep <= reps; ++rep) {  // rep 0 warms up
       auto t0 = Clock::now();
@@ -76,7 +60,7 @@ int main(int argc, char** argv) {
   double best = 1e9;
   for (int rep = 0; rep < reps; ++rep) {
     auto t0 = Clock::now();
-    auto ts = connectPair(kSockets, "hs" + std::to_string(rep));
+    auto ts = bench::connectPair(kSockets, "hs" + std::to_string(rep));
     best = std::min(best, seconds(Clock::now() - t0));
   }
   std::printf("connect + authenticate: %.1f us per socket (2 ranks x %d sockets in %.2f ms, best "
