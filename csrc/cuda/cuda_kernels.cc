@@ -1,5 +1,6 @@
 // Note [Loading braid's kernels]
-// The fatbin (sm_90 code and compute_90 PTX for newer GPUs) is loaded with
+// The fatbin (machine code for several GPUs and PTX for newer ones: Note
+// [Kernel images] in kernel_images.h) is loaded with
 // cudaLibraryLoadData, which is context-independent: one library and one
 // cudaKernel_t per kernel serve every device, and the runtime loads the code
 // into a device's context at the first launch there (lazy loading). A
@@ -69,6 +70,16 @@ bool haveKernels() {
   return true;
 #else
   return false;
+#endif
+}
+
+const unsigned char* kernelFatbin(size_t* bytes) {
+#ifdef BRAID_CUDA_HAVE_FATBIN
+  *bytes = braid_kernels_fatbin_size;
+  return braid_kernels_fatbin;
+#else
+  *bytes = 0;
+  return nullptr;
 #endif
 }
 

@@ -3,6 +3,7 @@
 #pragma once
 
 #include <cstddef>
+#include <string>
 
 #include "common/types.h"
 #include "cuda/cudart.h"
@@ -12,6 +13,10 @@ namespace cuda {
 
 // Whether this build has the fatbin (nvcc was found at configure time).
 bool haveKernels();
+
+// The embedded fatbin's bytes, or null (and 0) without nvcc: for tests that
+// check what it holds against builtKernelImages().
+const unsigned char* kernelFatbin(size_t* bytes);
 
 // Launches dst = op(dst, src) over count elements on `stream`, which must
 // belong to the current device. Arguments as checkReduceArgs accepts them.
