@@ -18,6 +18,14 @@ bool haveKernels();
 // check what it holds against builtKernelImages().
 const unsigned char* kernelFatbin(size_t* bytes);
 
+// "" when braid's kernels load on the current device, of compute capability
+// `cc`; else why not (Note [Kernel images] in kernel_images.h): a build
+// without nvcc, a runtime without the library API, no image for `cc`, or
+// CUDA's own error from loading one kernel into the device's context (its
+// text and code, e.g. "no kernel image is available for execution on the
+// device (209 cudaErrorNoKernelImageForDevice)"). Never throws for those.
+std::string kernelLoadError(const rt::Runtime& r, int cc);
+
 // Launches dst = op(dst, src) over count elements on `stream`, which must
 // belong to the current device. Arguments as checkReduceArgs accepts them.
 // Throws braid::Error when the build has no kernels, the runtime has no
