@@ -46,6 +46,11 @@ class CMakeBuild(build_ext):
             f"-DPython3_EXECUTABLE={sys.executable}",
             f"-DCMAKE_PREFIX_PATH={torch.utils.cmake_prefix_path}",
         ]
+        # braid's kernels for every GPU this torch was built for too (Note [Kernel images] in
+        # csrc/cuda/kernel_images.h); from the build's flags, since get_arch_list() is empty
+        # on a machine without a GPU. "" for a torch without CUDA.
+        arch_flags = getattr(torch._C, "_cuda_getArchFlags", lambda: None)() or ""
+        cmake_args.append(f"-DBRAID_CUDA_TORCH_ARCHS={arch_flags}")
         if os.environ.get("BRAID_SANITIZE"):
             cmake_args.append(f"-DBRAID_SANITIZE={os.environ['BRAID_SANITIZE']}")
         jobs = os.environ.get("BRAID_JOBS", str(os.cpu_count() or 2))

@@ -1,5 +1,6 @@
 // Note [Loading braid's kernels]
-// The fatbin (sm_90 code and compute_90 PTX for newer GPUs) is loaded with
+// The fatbin (machine code for several GPUs and PTX for newer ones: Note
+// [Kernel images] in kernel_images.h) is loaded with
 // cudaLibraryLoadData, which is context-independent: one library and one
 // cudaKernel_t per kernel serve every device, and the runtime loads the code
 // into a device's context at the first launch there (lazy loading). A
@@ -12,9 +13,11 @@
 #include <mutex>
 #include <string>
 #include <unordered_map>
+#include <vector>
 
 #include "common/error.h"
 #include "cuda/host_kernels.h"
+#include "cuda/kernel_images.h"
 #include "cuda/kernels.cuh"
 
 namespace braid {
@@ -70,6 +73,41 @@ bool haveKernels() {
 #else
   return false;
 #endif
+}
+
+const unsigned char* kernelFatbin(size_t* bytes) {
+#ifdef BRAID_CUDA_HAVE_FATBIN
+  *bytes = braid_kernels_fatbin_size;
+  return braid_kernels_fatbin;
+#else
+  *bytes = 0;
+  return nullptr;
+#endif
+}
+
+std::string kernelLoadError(const rt::Runtime& r, int cc) {
+  if (!haveKernels()) {
+    return "this braid was built without nvcc, so it has no CUDA kernels (rebuild with nvcc "
+           "available: CUDA_HOME, or -DBRAID_CUDA_KERNELS=ON)";
+  }
+  const KernelImages& images = builtKernelImages();
+  if (!images.runOn(cc)) {
+    return strCat(kNoKernelImageText, ": braid's kernels hold ", images.str(), ", none of which runs on ",
+                  smName(cc), " (rebuild with -DBRAID_CUDA_ARCHS=", cc, ")");
+  }
+  // The rule says yes; loading one kernel into this device's context says
+  // whether the driver agrees (it may be too old for the PTX, say). All the
+  // kernels are in one fatbin, so one stands for all.
+  const char* name = reduceKernelName(DataType::kFloat32, ReduceOp::kSum);
+  try {
+    rt::KernelT k = kernel(r, name);
+    std::vector<unsigned char> attrs(rt::kFuncAttributesBufferBytes);
+    BRAID_CUDART(r.f.funcGetAttributes(attrs.data(), k), "cudaFuncGetAttributes(", name,
+                 ", ", smName(cc), ")");
+  } catch (const Error& e) {
+    return e.what();
+  }
+  return "";
 }
 
 void launchReduce(const rt::Runtime& r, DataType type, ReduceOp op, void* dst, const void* src,

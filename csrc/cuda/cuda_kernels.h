@@ -3,6 +3,7 @@
 #pragma once
 
 #include <cstddef>
+#include <string>
 
 #include "common/types.h"
 #include "cuda/cudart.h"
@@ -12,6 +13,18 @@ namespace cuda {
 
 // Whether this build has the fatbin (nvcc was found at configure time).
 bool haveKernels();
+
+// The embedded fatbin's bytes, or null (and 0) without nvcc: for tests that
+// check what it holds against builtKernelImages().
+const unsigned char* kernelFatbin(size_t* bytes);
+
+// "" when braid's kernels load on the current device, of compute capability
+// `cc`; else why not (Note [Kernel images] in kernel_images.h): a build
+// without nvcc, a runtime without the library API, no image for `cc`, or
+// CUDA's own error from loading one kernel into the device's context (its
+// text and code, e.g. "no kernel image is available for execution on the
+// device (209 cudaErrorNoKernelImageForDevice)"). Never throws for those.
+std::string kernelLoadError(const rt::Runtime& r, int cc);
 
 // Launches dst = op(dst, src) over count elements on `stream`, which must
 // belong to the current device. Arguments as checkReduceArgs accepts them.

@@ -5,17 +5,18 @@
 // Note [The current device]
 // cudaSetDevice is per host thread, and CUDA creates a device's primary
 // context (hundreds of MiB on that GPU) when a thread first uses the device.
-// - Calls that take a device (streamCreate, eventCreate, deviceAlloc) and
-//   reduceAsync (a kernel launch must go to a stream of the current device)
-//   switch to that device for the call and back afterwards, like torch's
-//   CUDAGuard. They do not switch back when the previous device has no
-//   primary context yet: that would create one (the classic "every rank
-//   allocates on GPU 0"); the thread then stays on the new device.
+// - Calls that take a device (streamCreate, eventCreate, deviceAlloc,
+//   kernelLoadError) and reduceAsync (a kernel launch must go to a stream of
+//   the current device) switch to that device for the call and back
+//   afterwards, like torch's CUDAGuard. They do not switch back when the
+//   previous device has no primary context yet: that would create one (the
+//   classic "every rank allocates on GPU 0"); the thread then stays on the
+//   new device.
 // - The other calls take a stream or event, whose device CUDA knows; they do
 //   not change the current device. A thread that makes them (a worker thread
 //   especially) should call setDevice(device) first, so that CUDA has no
 //   reason to initialize device 0 on it.
-// - deviceUuid and deviceCount need no current device.
+// - deviceUuid, deviceCount and computeCapability need no current device.
 #include <cstdio>
 #include <cstring>
 #include <memory>
@@ -100,6 +101,37 @@ class CudaRuntime final : public DeviceApi {
     }
     uuids_[device] = uuid;
     return uuid;
+  }
+
+  int computeCapability(int device) override {
+    int major = 0;
+    int minor = 0;
+    BRAID_CUDART(f_.deviceGetAttribute(&major, rt::kDevAttrComputeCapabilityMajor, device),
+                 "cudaDeviceGetAttribute(cudaDevAttrComputeCapabilityMajor, device=", device, ")");
+    BRAID_CUDART(f_.deviceGetAttribute(&minor, rt::kDevAttrComputeCapabilityMinor, device),
+                 "cudaDeviceGetAttribute(cudaDevAttrComputeCapabilityMinor, device=", device, ")");
+    return major * 10 + minor;
+  }
+
+  std::string kernelLoadError(int device) override {
+    {
+      std::lock_guard<std::mutex> lk(mu_);
+      auto it = kernelErrors_.find(device);
+      if (it != kernelErrors_.end()) return it->second;
+    }
+    std::string why;
+    try {
+      const int cc = computeCapability(device);
+      // The load goes to the current device's context: `device`'s, and no
+      // other's (Note [The current device]).
+      DeviceGuard guard(r_, device);
+      why = cuda::kernelLoadError(r_, cc);
+    } catch (const Error& e) {
+      why = e.what();
+    }
+    std::lock_guard<std::mutex> lk(mu_);
+    kernelErrors_[device] = why;
+    return why;
   }
 
   Stream streamCreate(int device) override {
@@ -262,8 +294,9 @@ class CudaRuntime final : public DeviceApi {
  private:
   const rt::Runtime& r_;
   const rt::Functions& f_;
-  std::mutex mu_;  // uuids_
+  std::mutex mu_;  // uuids_, kernelErrors_
   std::unordered_map<int, std::string> uuids_;
+  std::unordered_map<int, std::string> kernelErrors_;  // kernelLoadError, per device
 };
 
 }  // namespace

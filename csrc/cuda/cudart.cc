@@ -111,6 +111,7 @@ std::unique_ptr<Runtime> load() {
   if (f.getDeviceProperties == nullptr) {
     resolve(h, *r, "cudaGetDeviceProperties", &f.getDeviceProperties);
   }
+  resolve(h, *r, "cudaDeviceGetAttribute", &f.deviceGetAttribute);
   resolve(h, *r, "cudaRuntimeGetVersion", &f.runtimeGetVersion);
   resolve(h, *r, "cudaDriverGetVersion", &f.driverGetVersion);
   resolve(h, *r, "cudaGetErrorString", &f.getErrorString);
@@ -138,6 +139,7 @@ std::unique_ptr<Runtime> load() {
   resolve(h, *r, "cudaFree", &f.free);
   resolve(h, *r, "cudaLaunchHostFunc", &f.launchHostFunc);
   resolve(h, *r, "cudaLaunchKernel", &f.launchKernel);
+  resolve(h, *r, "cudaFuncGetAttributes", &f.funcGetAttributes);
   resolve(h, *r, "cudaStreamGetDevice", &f.streamGetDevice, false);
   resolve(h, *r, "cudaLibraryLoadData", &f.libraryLoadData, false);
   resolve(h, *r, "cudaLibraryGetKernel", &f.libraryGetKernel, false);

@@ -29,6 +29,11 @@ constexpr unsigned kHostAllocPortable = 0x01;     // cudaHostAllocPortable
 constexpr unsigned kEventWaitDefault = 0x00;      // cudaEventWaitDefault
 constexpr unsigned kEventInterprocess = 0x04;     // cudaEventInterprocess
 constexpr unsigned kIpcMemLazyEnablePeerAccess = 0x01;  // cudaIpcMemLazyEnablePeerAccess
+constexpr int kDevAttrComputeCapabilityMajor = 75;       // cudaDevAttrComputeCapabilityMajor
+constexpr int kDevAttrComputeCapabilityMinor = 76;       // cudaDevAttrComputeCapabilityMinor
+// cudaFuncAttributes grew across versions (CUDA 13: 24 ints and reserved
+// space); it is read into a buffer far larger than any of them.
+constexpr size_t kFuncAttributesBufferBytes = 4096;
 
 // cudaIpcMemHandle_t and cudaIpcEventHandle_t: 64 opaque bytes, passed by
 // value to the Open calls.
@@ -50,6 +55,7 @@ struct Functions {
   Status (*getDevice)(int*);
   Status (*setDevice)(int);
   Status (*getDeviceProperties)(void* prop, int device);  // _v2 on CUDA 12
+  Status (*deviceGetAttribute)(int* value, int attr, int device);
   Status (*runtimeGetVersion)(int*);
   Status (*driverGetVersion)(int*);
   const char* (*getErrorString)(Status);
@@ -72,6 +78,8 @@ struct Functions {
   Status (*free)(void*);
   Status (*launchHostFunc)(StreamT, void (*)(void*), void*);
   Status (*launchKernel)(const void*, Dim3, Dim3, void**, size_t, StreamT);
+  // Takes a cudaKernel_t too, and loads it into the current device's context.
+  Status (*funcGetAttributes)(void* attr, const void* func);
   Status (*ipcGetMemHandle)(IpcHandle*, void*);
   Status (*ipcOpenMemHandle)(void**, IpcHandle, unsigned);
   Status (*ipcCloseMemHandle)(void*);

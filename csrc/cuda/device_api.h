@@ -52,6 +52,14 @@ class DeviceApi {
   // simulated device: "sim-<boot id>-<device>"). Ranks that share a GPU have
   // equal UUIDs (Note [Choosing a CUDA executor] in cuda/nccl/executor_choice.h).
   virtual std::string deviceUuid(int device) = 0;
+  // The device's compute capability as major * 10 + minor (75: sm_75).
+  // Creates no context.
+  virtual int computeCapability(int device) = 0;
+  // "" when braid's kernels (reduceAsync, reduceMultiAsync) load on `device`;
+  // else why not, with CUDA's text (Note [Kernel images] in
+  // cuda/kernel_images.h). Loads them into `device`'s context, and no other's.
+  // Does not throw for a kernel that cannot load: that is the answer.
+  virtual std::string kernelLoadError(int device) = 0;
 
   // A stream on `device` that does not synchronize with the legacy default
   // stream (cudaStreamNonBlocking).

@@ -9,6 +9,7 @@
 #include "c10d/cuda/cuda_context.h"
 #include "c10d/process_group.h"
 #include "cuda/cuda_kernels.h"
+#include "cuda/kernel_images.h"
 #include "cuda/nccl/nccl_executor.h"
 #include "common/exit_guard.h"
 #include "python/python_parts.h"
@@ -65,6 +66,8 @@ py::dict buildInfo() {
   // only where nvcc was found.
   d["cuda"] = true;
   d["cuda_kernels"] = braid::cuda::haveKernels();
+  // Which GPUs they run on (Note [Kernel images] in cuda/kernel_images.h).
+  d["cuda_kernel_images"] = braid::cuda::builtKernelImages().str();
   // Within a host and between hosts (Note [Choosing a group's transport]).
   d["transports"] = std::vector<std::string>{"shm", "tcp"};
   // Note [One pybind11 per process] (CMakeLists.txt): the headers used.

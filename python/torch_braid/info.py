@@ -54,7 +54,8 @@ def print_cores(out):
 
 def cuda_line(info):
     """CUDA tensors: which executors a group can choose, and what this machine has."""
-    kernels = "GPU kernels built" if info.get("cuda_kernels") else "no GPU kernels (built without nvcc)"
+    kernels = (f"GPU kernels built for {info.get('cuda_kernel_images', '?')}"
+               if info.get("cuda_kernels") else "no GPU kernels (built without nvcc)")
     line = f"staged and NCCL executors, chosen per group (BRAID_CUDA_EXECUTOR); {kernels}"
     if not torch.cuda.is_available():
         return line + "; this torch or machine has no CUDA device"

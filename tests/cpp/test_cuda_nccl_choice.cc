@@ -148,12 +148,81 @@ TEST(CudaExecutorChoice, RanksMustAgreeOnTheSetting) {
 
 TEST(CudaExecutorChoice, InfoRoundTripsThroughTheStore) {
   CudaRankInfo i = info("GPU-12;34", 22809, "nccl");  // a ';' in the uuid survives
+  i.device = 3;
+  i.cc = 75;
+  i.kernels = "no kernel image; (209)";  // and in the kernels' report
   CudaRankInfo j = CudaRankInfo::decode(i.encode(), 3);
   EXPECT_EQ(j.setting, "nccl");
   EXPECT_EQ(j.ncclVersion, 22809);
   EXPECT_EQ(j.uuid, "GPU-12;34");
+  EXPECT_EQ(j.device, 3);
+  EXPECT_EQ(j.cc, 75);
+  EXPECT_EQ(j.kernels, "no kernel image; (209)");
+  j = CudaRankInfo::decode(info("GPU-a").encode(), 0);
+  EXPECT_EQ(j.uuid, "GPU-a");
+  EXPECT_EQ(j.kernels, "");
   EXPECT_THROW(CudaRankInfo::decode("auto", 3), Error);
   EXPECT_THROW(CudaRankInfo::decode("auto;x;u", 3), Error);
+  EXPECT_THROW(CudaRankInfo::decode("auto;22809;0;90;x;u", 3), Error);
+  std::string e;
+  try {
+    CudaRankInfo::decode("auto;22809;0;90;99;short", 3);
+  } catch (const Error& x) {
+    e = x.what();
+  }
+  EXPECT_TRUE(contains(e, "a kernel report of 99 bytes")) << e;
+}
+
+// Note [Kernel images]: the same-GPU and hierarchical executors launch
+// braid's kernels, so a rank whose device cannot run them (or a build
+// without them) makes the group stage, saying which device and why; NCCL
+// needs none of them.
+CudaRankInfo noKernels(const char* uuid, int device, int cc, const char* setting = "auto") {
+  CudaRankInfo i = info(uuid, 22809, setting);
+  i.device = device;
+  i.cc = cc;
+  i.kernels = "no kernel image is available for execution on the device (209 "
+              "cudaErrorNoKernelImageForDevice)";
+  return i;
+}
+
+TEST(CudaExecutorChoice, KernelsThatDoNotLoadOnARanksDeviceStage) {
+  // One shared GPU, sm_75: staged (NCCL refuses the GPU twice).
+  auto c = chooseCudaExecutor({noKernels("a", 0, 75), noKernels("a", 0, 75)}, 0);
+  EXPECT_EQ(c.kind, CudaExecutorKind::kStaged);
+  EXPECT_TRUE(contains(c.reason, "all 2 ranks share GPU a, but the same-GPU collectives cannot run "
+                                 "there: braid's kernels do not load on device 0 (sm_75) of rank "
+                                 "0: no kernel image is available for execution on the device"))
+      << c.reason;
+  // A build without kernels: every rank says so.
+  CudaRankInfo bare = info("a");
+  bare.cc = 90;
+  bare.kernels = "this braid was built without nvcc, so it has no CUDA kernels";
+  c = chooseCudaExecutor({bare, bare, bare}, 1);
+  EXPECT_EQ(c.kind, CudaExecutorKind::kStaged);
+  EXPECT_TRUE(contains(c.reason, "device 0 (sm_90) of rank 0: this braid was built without nvcc"))
+      << c.reason;
+  // Two GPUs, two ranks each, the second GPU sm_75: staged, naming it.
+  c = chooseCudaExecutor({info("a"), info("a"), noKernels("b", 1, 75), noKernels("b", 1, 75)}, 0);
+  EXPECT_EQ(c.kind, CudaExecutorKind::kStaged);
+  EXPECT_TRUE(contains(c.reason, "ranks 0 and 1 share GPU a")) << c.reason;
+  EXPECT_TRUE(contains(c.reason, "; and braid's kernels do not load on device 1 (sm_75) of rank 2: "
+                                 "no kernel image")) << c.reason;
+  // Every rank on its own GPU: NCCL, whatever braid's kernels do.
+  c = chooseCudaExecutor({noKernels("a", 0, 75), noKernels("b", 1, 75)}, 0);
+  EXPECT_EQ(c.kind, CudaExecutorKind::kNccl);
+  // Asked for by name, an error saying why.
+  std::string e = errorOf({noKernels("a", 0, 75, "same-gpu"), noKernels("a", 0, 75, "same-gpu")});
+  EXPECT_TRUE(contains(e, "BRAID_CUDA_EXECUTOR=same-gpu, but braid's kernels do not load on device "
+                          "0 (sm_75) of rank 0")) << e;
+  CudaRankInfo hier = info("a", 22809, "hier");
+  e = errorOf({hier, hier, noKernels("b", 1, 75, "hier"), noKernels("b", 1, 75, "hier")});
+  EXPECT_TRUE(contains(e, "BRAID_CUDA_EXECUTOR=hier, but braid's kernels do not load on device 1 "
+                          "(sm_75) of rank 2")) << e;
+  // Where they load everywhere, nothing changes.
+  CudaRankInfo ok = info("a");
+  ok.cc = 86;
+  EXPECT_EQ(chooseCudaExecutor({ok, ok}, 0).kind, CudaExecutorKind::kSameGpu);
 }
 
 TEST(CudaExecutorChoice, SettingFromTheEnvironment) {

@@ -149,6 +149,26 @@ TEST(CudaRuntime, Identity) {
   for (int i = 1; i < d.deviceCount(); ++i) EXPECT_NE(d.deviceUuid(i), uuid);
 }
 
+// Note [Kernel images] in cuda/kernel_images.h: every device here runs the
+// build's kernels (the GPU machine's are in the default list), and says so
+// without a launch; a build without nvcc says why not.
+TEST(CudaRuntime, KernelsLoadOnEveryDevice) {
+  BRAID_NEED_GPU();
+  for (int i = 0; i < d.deviceCount(); ++i) {
+    const int cc = d.computeCapability(i);
+    std::printf("device %d: sm_%d\n", i, cc);
+    EXPECT_GE(cc, 30);
+    const std::string why = d.kernelLoadError(i);
+    if (haveKernels()) {
+      EXPECT_EQ(why, "") << "device " << i << " (sm_" << cc << ")";
+    } else {
+      EXPECT_NE(why.find("built without nvcc"), std::string::npos) << why;
+    }
+    EXPECT_EQ(d.kernelLoadError(i), why);  // remembered
+  }
+  EXPECT_EQ(d.getDevice(), 0);  // asking about device 1 left the thread on 0
+}
+
 TEST(CudaRuntime, StreamsAndEvents) {
   BRAID_NEED_GPU();
   Stream s = d.streamCreate(0), t = d.streamCreate(0);

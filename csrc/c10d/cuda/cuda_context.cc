@@ -234,6 +234,15 @@ void CudaContext::choose() {
   mine.setting = cuda::cudaExecutorSetting(rank_);
   mine.ncclVersion = nccl ? nccl->version() : 0;
   mine.uuid = api_.deviceUuid(device_.index());
+  // Whether braid's kernels load here, for the same-GPU and hierarchical
+  // executors (Note [Kernel images] in cuda/kernel_images.h).
+  mine.device = device_.index();
+  try {
+    mine.cc = api_.computeCapability(device_.index());
+    mine.kernels = api_.kernelLoadError(device_.index());
+  } catch (const std::exception& e) {
+    mine.kernels = e.what();
+  }
   std::string missing;
   auto deadline = std::chrono::steady_clock::now() + group_.timeout;
   std::vector<std::string> all = transport::exchangeThroughStore(

@@ -1,9 +1,11 @@
 #include "cuda/nccl/executor_choice.h"
 
 #include <map>
+#include <stdexcept>
 
 #include "common/error.h"
 #include "common/settings.h"
+#include "cuda/kernel_images.h"
 
 namespace braid {
 namespace cuda {
@@ -54,22 +56,59 @@ const char* toString(CudaExecutorKind k) {
   return "staged";
 }
 
-std::string CudaRankInfo::encode() const { return strCat(setting, ";", ncclVersion, ";", uuid); }
+std::string CudaRankInfo::encode() const {
+  return strCat(setting, ";", ncclVersion, ";", device, ";", cc, ";", kernels.size(), ";", kernels,
+                uuid);
+}
 
 CudaRankInfo CudaRankInfo::decode(const std::string& s, int rank) {
-  const size_t a = s.find(';');
-  const size_t b = a == std::string::npos ? a : s.find(';', a + 1);
-  BRAID_ENFORCE(b != std::string::npos, "init", rank, "malformed CUDA device info '", s, "'");
-  CudaRankInfo info;
-  info.setting = s.substr(0, a);
-  try {
-    info.ncclVersion = std::stoi(s.substr(a + 1, b - a - 1));
-  } catch (const std::exception&) {
-    BRAID_THROW(Error, "init", rank, "malformed NCCL version in CUDA device info '", s, "'");
+  // setting;nccl;device;cc;length;<kernels><uuid>: the two free texts last,
+  // the first by its length (either may hold a ';').
+  std::vector<std::string> fields;
+  size_t at = 0;
+  for (int i = 0; i < 5; ++i) {
+    const size_t end = s.find(';', at);
+    BRAID_ENFORCE(end != std::string::npos, "init", rank, "malformed CUDA device info '", s, "'");
+    fields.push_back(s.substr(at, end - at));
+    at = end + 1;
   }
-  info.uuid = s.substr(b + 1);
+  CudaRankInfo info;
+  info.setting = fields[0];
+  int numbers[4] = {};
+  const char* names[4] = {"NCCL version", "device", "compute capability", "kernel report length"};
+  for (int i = 0; i < 4; ++i) {
+    try {
+      size_t used = 0;
+      numbers[i] = std::stoi(fields[i + 1], &used);
+      if (used != fields[i + 1].size() || numbers[i] < 0) throw std::invalid_argument("");
+    } catch (const std::exception&) {
+      BRAID_THROW(Error, "init", rank, "malformed ", names[i], " in CUDA device info '", s, "'");
+    }
+  }
+  info.ncclVersion = numbers[0];
+  info.device = numbers[1];
+  info.cc = numbers[2];
+  const size_t length = static_cast<size_t>(numbers[3]);
+  BRAID_ENFORCE(length <= s.size() - at, "init", rank, "malformed CUDA device info '", s,
+                "': a kernel report of ", length, " bytes");
+  info.kernels = s.substr(at, length);
+  info.uuid = s.substr(at + length);
   return info;
 }
+
+namespace {
+// Why braid's kernels cannot run on every rank's device, or "" (Note [Kernel
+// images] in cuda/kernel_images.h): the first rank whose device said no.
+std::string whyNoKernels(const std::vector<CudaRankInfo>& ranks) {
+  for (size_t r = 0; r < ranks.size(); ++r) {
+    if (!ranks[r].kernels.empty()) {
+      return strCat("braid's kernels do not load on device ", ranks[r].device, " (",
+                    smName(ranks[r].cc), ") of rank ", r, ": ", ranks[r].kernels);
+    }
+  }
+  return "";
+}
+}  // namespace
 
 std::string cudaExecutorSetting(int rank) {
   std::string v = kCudaExecutor.get();
@@ -99,11 +138,20 @@ CudaExecutorChoice chooseCudaExecutor(const std::vector<CudaRankInfo>& ranks, in
   for (size_t r = 1; r < ranks.size() && oneGpu; ++r) oneGpu = ranks[r].uuid == ranks[0].uuid;
   BRAID_ENFORCE(setting != "hier" || !oneGpu, "init", rank, "BRAID_CUDA_EXECUTOR=hier, but all ",
                 ranks.size(), " ranks share GPU ", ranks[0].uuid, "; use same-gpu or auto");
+  const std::string noKernels = whyNoKernels(ranks);
   if (setting == "same-gpu" || (setting == "auto" && oneGpu)) {
     BRAID_ENFORCE(oneGpu, "init", rank, "BRAID_CUDA_EXECUTOR=same-gpu, but the ranks do not all "
                   "share one GPU (rank 0 has ", ranks[0].uuid, ranks.size() > 1 ? strCat(
                   ", rank ", ranks.size() - 1, " ", ranks.back().uuid) : std::string(
                   ", and it is alone"), "); use auto, nccl or staged");
+    // NCCL refuses a GPU twice, so staging is what is left.
+    BRAID_ENFORCE(setting != "same-gpu" || noKernels.empty(), "init", rank,
+                  "BRAID_CUDA_EXECUTOR=same-gpu, but ", noKernels, "; use auto or staged");
+    if (!noKernels.empty()) {
+      return {CudaExecutorKind::kStaged,
+              strCat("all ", ranks.size(), " ranks share GPU ", ranks[0].uuid,
+                     ", but the same-GPU collectives cannot run there: ", noKernels)};
+    }
     return {CudaExecutorKind::kSameGpu,
             strCat("all ", ranks.size(), " ranks share GPU ", ranks[0].uuid)};
   }
@@ -172,6 +220,7 @@ CudaExecutorChoice chooseCudaExecutor(const std::vector<CudaRankInfo>& ranks, in
                           versionText(ranks[leader].ncclVersion));
     }
   }
+  if (whyNotHier.empty()) whyNotHier = noKernels;
   if (whyNotHier.empty()) {
     std::string leaders;
     for (size_t g = 0; g < gpus; ++g) {

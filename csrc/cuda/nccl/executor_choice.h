@@ -23,6 +23,12 @@
 //   staged, and the reason says which GPUs hold how many. =nccl: NCCL, and
 //   an Error when it cannot run (naming why) instead of a silent fallback;
 //   =same-gpu and =hier likewise. =staged: staged.
+// - The same-GPU and hierarchical executors launch braid's kernels, so each
+//   rank also publishes whether they load on its device (Note [Kernel
+//   images] in cuda/kernel_images.h): its index, compute capability and
+//   DeviceApi::kernelLoadError. Where any rank's device cannot run them, or
+//   the build has none, auto stages instead, saying which device (sm_XY) and
+//   CUDA's text; =same-gpu and =hier fail saying so. NCCL needs none of them.
 // - The setting shapes every CUDA op of the group (Note [Settings that shape
 //   an op] in collectives/shm/plan.h), so the ranks must agree: it travels in
 //   CudaRankInfo, and a difference fails the group's creation on every rank,
@@ -46,9 +52,13 @@ struct CudaRankInfo {
   std::string setting;  // BRAID_CUDA_EXECUTOR: "auto", "nccl", "same-gpu", "hier" or "staged"
   int ncclVersion = 0;  // NcclApi::version() of ncclLibrary(); 0: none loads
   std::string uuid;     // DeviceApi::deviceUuid of the rank's device
+  int device = 0;       // the rank's device index, for messages
+  int cc = 0;           // DeviceApi::computeCapability of it (75 is sm_75)
+  std::string kernels;  // DeviceApi::kernelLoadError of it: "" when braid's kernels load
 
-  // One line for the store ("auto;22809;<uuid>") and back; decode throws
-  // braid::Error naming `rank` (the publisher) for a malformed value.
+  // One line for the store ("auto;22809;0;90;0;<kernels><uuid>", the 0 before
+  // them the length of `kernels`) and back; decode throws braid::Error naming
+  // `rank` (the publisher) for a malformed value.
   std::string encode() const;
   static CudaRankInfo decode(const std::string& s, int rank);
 };

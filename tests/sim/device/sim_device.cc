@@ -25,6 +25,7 @@
 
 #include "common/error.h"
 #include "cuda/host_kernels.h"
+#include "sim/device/sim_arch.h"
 #include "sim/device/sim_device.h"
 #include "sim/device/sim_ipc.h"
 #include "sim/device/sim_stream.h"
@@ -51,8 +52,7 @@ std::string bootId() {
 
 class SimDevice final : public SimulatedDevice {
  public:
-  explicit SimDevice(int devices) : devices_(devices), bootId_(bootId()) {
-    if (devices < 1) throw Error(strCat("braid: simulatedDevice(", devices, "): need >= 1 device"));
+  explicit SimDevice(int devices) : devices_(devices), bootId_(bootId()), arch_(checked(devices)) {
     defaults_.resize(devices);
   }
 
@@ -67,6 +67,23 @@ class SimDevice final : public SimulatedDevice {
   std::string deviceUuid(int device) override {
     checkDevice("deviceUuid", device);
     return strCat("sim-", bootId_, "-", device);
+  }
+
+  // Note [Simulated kernel images] in sim_arch.h.
+  int computeCapability(int device) override {
+    checkDevice("computeCapability", device);
+    return arch_.computeCapability(device);
+  }
+  std::string kernelLoadError(int device) override {
+    checkDevice("kernelLoadError", device);
+    return arch_.loadError(device);
+  }
+  void setComputeCapability(int device, int cc) override {
+    checkDevice("setComputeCapability", device);
+    arch_.setComputeCapability(device, cc);
+  }
+  void setKernelImages(std::optional<KernelImages> images) override {
+    arch_.setImages(std::move(images));
   }
 
   Stream streamCreate(int device) override {
@@ -241,6 +258,7 @@ class SimDevice final : public SimulatedDevice {
     auto s = stream("reduceMultiAsync", sh);
     checkReduceMultiArgs("reduceMultiAsync", type, op, dst, srcs, n, divisor, count);
     if (count == 0) return;
+    arch_.checkLaunch(reduceMultiKernelName(type, op), s->device());
     std::vector<const void*> sources(srcs, srcs + n);
     s->enqueue(strCat("reduceMultiAsync(", toString(type), ", ", toString(op), ", ", n,
                       " sources, count=", count, ")"),
@@ -255,6 +273,7 @@ class SimDevice final : public SimulatedDevice {
     auto s = stream("reduceAsync", sh);
     checkReduceArgs("reduceAsync", type, op, dst, src, count);
     if (count == 0) return;
+    arch_.checkLaunch(reduceKernelName(type, op), s->device());
     s->enqueue(strCat("reduceAsync(", toString(type), ", ", toString(op), ", count=", count, ")"),
                [type, op, dst, src, count] { hostReduce(type, op, dst, src, count); });
   }
@@ -269,6 +288,11 @@ class SimDevice final : public SimulatedDevice {
   }
 
  private:
+  static int checked(int devices) {
+    if (devices < 1) throw Error(strCat("braid: simulatedDevice(", devices, "): need >= 1 device"));
+    return devices;
+  }
+
   void checkDevice(const char* call, int device) const {
     if (device < 0 || device >= devices_) {
       throw Error(strCat("braid: ", call, "(", device, "): the simulated device has ", devices_,
@@ -354,6 +378,7 @@ class SimDevice final : public SimulatedDevice {
 
   const int devices_;
   const std::string bootId_;
+  sim::SimArch arch_;
   std::mutex mu_;  // the registries below
   std::unordered_map<void*, std::shared_ptr<SimStream>> streams_;
   std::unordered_map<void*, std::shared_ptr<SimEvent>> events_;

@@ -6,8 +6,10 @@
 
 #include <chrono>
 #include <functional>
+#include <optional>
 
 #include "cuda/device_api.h"
+#include "cuda/kernel_images.h"
 
 namespace braid {
 namespace cuda {
@@ -21,6 +23,11 @@ class SimulatedDevice : public DeviceApi {
   // Enqueues `fn` on `s`, to run in stream order on the stream's thread (a
   // stand-in for a user's kernel). An exception it throws fails the stream.
   virtual void launchHostFunc(Stream s, std::function<void()> fn) = 0;
+  // Note [Simulated kernel images] in sim_arch.h: `device`'s compute
+  // capability (75 is 7.5; 0: back to the default), and the kernel images
+  // the simulated build holds (nullopt: back to the default).
+  virtual void setComputeCapability(int device, int cc) = 0;
+  virtual void setKernelImages(std::optional<KernelImages> images) = 0;
 };
 
 // The simulated device, with `devices` devices on first call (later calls

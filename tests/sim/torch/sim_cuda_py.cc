@@ -62,6 +62,38 @@ PYBIND11_MODULE(_C, m) {
         braid::sim::delayCurrentStream(device, std::chrono::microseconds(us));
       },
       py::arg("device"), py::arg("us"));
+  // Note [Simulated kernel images] in tests/sim/device/sim_arch.h.
+  m.def(
+      "set_compute_capability",
+      [](int device, std::pair<int, int> cc) {
+        braid::sim::device().setComputeCapability(device, cc.first * 10 + cc.second);
+      },
+      py::arg("device"), py::arg("capability"),
+      "The simulated device's compute capability, (major, minor); (0, 0): the default.");
+  m.def(
+      "compute_capability",
+      [](int device) {
+        const int cc = braid::sim::device().computeCapability(device);
+        return std::make_pair(cc / 10, cc % 10);
+      },
+      py::arg("device"));
+  m.def(
+      "set_kernel_images",
+      [](std::optional<std::vector<std::string>> images) {
+        std::optional<braid::cuda::KernelImages> k;
+        if (images) {
+          std::string list;
+          for (const auto& i : *images) list += (list.empty() ? "" : ",") + i;
+          k = braid::cuda::KernelImages::parse(list, "set_kernel_images");
+        }
+        braid::sim::device().setKernelImages(k);
+      },
+      py::arg("images"),
+      "The kernel images the simulated build holds (['sm_80', 'compute_90']; [] for a build "
+      "without nvcc; None: the default).");
+  m.def(
+      "kernel_load_error", [](int device) { return braid::sim::device().kernelLoadError(device); },
+      py::arg("device"), "'' when braid's kernels load on the simulated device, else why not.");
   m.def(
       "nccl_install",
       [](bool crossProcess) {

@@ -13,7 +13,9 @@ import torch
 import torch_braid  # noqa: F401  (loads torch_braid._C, whose testing hooks _C uses)
 
 from . import _C
-from ._C import delay_comm_stream, delay_current_stream, empty, nccl_install, read, write  # noqa: F401
+from ._C import (  # noqa: F401
+    compute_capability, delay_comm_stream, delay_current_stream, empty, kernel_load_error,
+    nccl_install, read, set_compute_capability, set_kernel_images, write)
 
 _installed = 0
 
@@ -40,7 +42,16 @@ def install(devices: int = 2) -> None:
     # without CUDA answers with "Torch not compiled with CUDA enabled".
     cuda._lazy_init = lambda: None
     # torch 2.14's dist.broadcast asks for a CUDA tensor's compute capability.
-    cuda.get_device_capability = lambda device=None: (8, 0)
+    # The simulated device's own (Note [Simulated kernel images], tests/sim/device/sim_arch.h).
+    def get_device_capability(device=None):
+        index = None
+        if isinstance(device, int):
+            index = device
+        elif device is not None:
+            index = torch.device(device).index
+        return compute_capability(current[0] if index is None else index)
+
+    cuda.get_device_capability = get_device_capability
     cuda.device_count = lambda: devices
     cuda.current_device = lambda: current[0]
     cuda.set_device = set_device
