@@ -1,23 +1,36 @@
-// The simulator's injectable device failures (Note [Injected device
-// failures] in tests/sim/device/faulty_device.h), checked on their own, and
-// what they catch: an exception out of teardown (Note [No exception out of
-// teardown] in cuda/teardown.h).
+// The simulators' injectable failures (Note [Injected device failures] in
+// tests/sim/device/faulty_device.h, Note [Injected NCCL failures] in
+// tests/sim/nccl/faulty_nccl.h), each checked on its own, and what they
+// catch: an exception out of teardown (Note [No exception out of teardown]
+// in cuda/teardown.h) and a communicator destroyed without a bounded
+// finalize (Note [Tearing a communicator down] in nccl/nccl_executor.cc).
 #include <gtest/gtest.h>
 
+#include <atomic>
+#include <chrono>
 #include <functional>
+#include <thread>
 #include <string>
 #include <vector>
 
 #include "common/error.h"
 #include "cuda/teardown.h"
+#include "nccl_sim_ranks.h"
 #include "sim/device/faulty_device.h"
-#include "sim/device/sim_device.h"
+#include "sim/nccl/faulty_nccl.h"
+#include "timing.h"
 
 namespace braid {
 namespace cuda {
 namespace {
 
-SimulatedDevice& dev() { return simulatedDevice(4); }
+using braid::testing::MemoryStore;
+using braid::testing::runRanks;
+using braid::testing::timedOut;
+using std::chrono::milliseconds;
+using Clock = std::chrono::steady_clock;
+using namespace braid::cuda::testing;  // NOLINT
+
 
 bool contains(const std::string& s, const std::string& part) {
   return s.find(part) != std::string::npos;
@@ -133,6 +146,152 @@ TEST(DeviceFaultsDeathTest, AThrowingFreeInADestructorTerminatesAndTheCarefulOne
   GTEST_FLAG_SET(death_test_style, "threadsafe");
   EXPECT_DEATH(dropAfterStickyError(false), "terminate called");
   EXPECT_EXIT(dropAfterStickyError(true), ::testing::ExitedWithCode(0), "");
+}
+
+// ---- NCCL ----
+
+NcclOp allreduce(DeviceBuffer& b) { return op(NcclOpKind::kAllreduce, b.p, b.p, b.n, b.type); }
+
+TEST(NcclFaults, TheNthCallFailsWithItsResultAndText) {
+  SimulatedNccl sim(dev());
+  FaultyNccl nccl(sim);
+  NcclFault f;
+  f.call = "allReduce";
+  f.nth = 3;  // each rank makes one call per allreduce: rank 0 or 1 fails the second op
+  nccl.inject(f);
+  MemoryStore store;
+  std::vector<std::string> errors(2);
+  runRanks(2, [&](int rank) {
+    NcclExecutor ex(nccl, dev(), store, options(rank, 2));
+    DeviceBuffer b(DataType::kFloat32, 16);
+    for (int i = 0; i < 2; ++i) {
+      try {
+        ex.run(allreduce(b))->wait();
+      } catch (const std::exception& e) {
+        errors[rank] = e.what();
+        return;
+      }
+    }
+  });
+  EXPECT_EQ(nccl.failures(), 1);
+  const int failed = contains(errors[0], "ncclSystemError") ? 0 : 1;
+  EXPECT_TRUE(contains(errors[failed], "ncclSystemError")) << errors[failed];
+  EXPECT_TRUE(contains(errors[failed], "a NIC went away")) << errors[failed];
+  EXPECT_FALSE(errors[1 - failed].empty());  // the peer learns of it (the abort)
+  EXPECT_EQ(sim.commsLive(), 0);
+}
+
+TEST(NcclFaults, AnAsyncErrorFailsTheNextOp) {
+  SimulatedNccl sim(dev());
+  FaultyNccl nccl(sim);
+  MemoryStore store;
+  std::atomic<int> ready{0};
+  std::atomic<bool> injected{false};
+  runRanks(2, [&](int rank) {
+    NcclExecutor ex(nccl, dev(), store, options(rank, 2));
+    DeviceBuffer b(DataType::kFloat32, 16);
+    ex.run(allreduce(b))->wait();
+    if (++ready == 2) {
+      nccl.asyncError(kNcclRemoteError, "injected: peer 1 is gone");
+      injected = true;
+    }
+    while (!injected.load()) std::this_thread::yield();
+    std::string what;
+    try {
+      ex.run(allreduce(b))->wait();
+    } catch (const std::exception& e) {
+      what = e.what();
+    }
+    EXPECT_TRUE(contains(what, "ncclRemoteError")) << what;
+  });
+  EXPECT_EQ(sim.commsLive(), 0);
+}
+
+// Each communicator: finalize, then destroy, never a destroy alone.
+TEST(NcclFaults, TeardownFinalizesThenDestroys) {
+  SimulatedNccl sim(dev());
+  FaultyNccl nccl(sim);
+  MemoryStore store;
+  runRanks(2, [&](int rank) {
+    NcclExecutor ex(nccl, dev(), store, options(rank, 2));
+    DeviceBuffer b(DataType::kInt32, 8);
+    for (size_t i = 0; i < b.n; ++i) b.set(i, rank + 1);
+    ex.run(allreduce(b))->wait();
+    EXPECT_EQ(b.get(7), 3);
+    ex.shutdown();
+  });
+  const auto log = nccl.teardown();
+  ASSERT_EQ(log.size(), 4u);
+  for (size_t i = 0; i < log.size(); ++i) {
+    if (log[i].call != "commFinalize") continue;
+    size_t j = i + 1;
+    while (j < log.size() && log[j].comm != log[i].comm) ++j;
+    ASSERT_LT(j, log.size()) << "no destroy after the finalize";
+    EXPECT_EQ(log[j].call, "commDestroy");
+  }
+  int finalizes = 0, destroys = 0;
+  for (const auto& t : log) {
+    finalizes += t.call == "commFinalize";
+    destroys += t.call == "commDestroy";
+  }
+  EXPECT_EQ(finalizes, 2);
+  EXPECT_EQ(destroys, 2);
+  EXPECT_EQ(sim.commsLive(), 0);
+}
+
+// A peer that died or hangs: the finalize never completes. The teardown
+// waits for it only up to the group's timeout, then aborts.
+TEST(NcclFaults, AFinalizeThatNeverCompletesIsAbortedAtTheBound) {
+  SimulatedNccl sim(dev());
+  FaultyNccl nccl(sim);
+  MemoryStore store;
+  const milliseconds timeout(1000);
+  std::vector<Clock::duration> took(2);
+  runRanks(2, [&](int rank) {
+    NcclExecutor ex(nccl, dev(), store, options(rank, 2, static_cast<int>(timeout.count())));
+    DeviceBuffer b(DataType::kInt32, 8);
+    ex.run(allreduce(b))->wait();
+    nccl.hangFinalize();
+    const auto t0 = Clock::now();
+    ex.shutdown();
+    took[rank] = Clock::now() - t0;
+  });
+  for (int r = 0; r < 2; ++r) EXPECT_TRUE(timedOut(took[r], timeout)) << "rank " << r;
+  int finalizes = 0, aborts = 0, destroys = 0;
+  for (const auto& t : nccl.teardown()) {
+    finalizes += t.call == "commFinalize";
+    aborts += t.call == "commAbort";
+    destroys += t.call == "commDestroy";
+  }
+  EXPECT_EQ(finalizes, 2);
+  EXPECT_EQ(aborts, 2);
+  EXPECT_EQ(destroys, 0);
+  EXPECT_EQ(sim.commsLive(), 0);
+}
+
+// A finalize that fails: abort, not destroy.
+TEST(NcclFaults, AFailedFinalizeAborts) {
+  SimulatedNccl sim(dev());
+  FaultyNccl nccl(sim);
+  NcclFault f;
+  f.call = "commFinalize";
+  f.every = true;
+  nccl.inject(f);
+  MemoryStore store;
+  runRanks(2, [&](int rank) {
+    NcclExecutor ex(nccl, dev(), store, options(rank, 2));
+    DeviceBuffer b(DataType::kInt32, 8);
+    ex.run(allreduce(b))->wait();
+    ex.shutdown();
+  });
+  int aborts = 0, destroys = 0;
+  for (const auto& t : nccl.teardown()) {
+    aborts += t.call == "commAbort";
+    destroys += t.call == "commDestroy";
+  }
+  EXPECT_EQ(aborts, 2);
+  EXPECT_EQ(destroys, 0);
+  EXPECT_EQ(sim.commsLive(), 0);
 }
 
 }  // namespace
