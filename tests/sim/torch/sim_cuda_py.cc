@@ -6,6 +6,7 @@
 #include <torch/extension.h>
 
 #include "python/testing_hooks.h"
+#include "sim/device/faulty_device.h"
 #include "sim/device/sim_device.h"
 #include "sim/nccl/nccl_sim.h"
 #include "sim/nccl/same_gpu_as_nccl.h"
@@ -33,6 +34,14 @@ const braid::TestingHooks& hooks() {
     return t;
   }();
   return *table;
+}
+
+// The installed device wrapped for injected failures (faults_install), or null.
+braid::cuda::FaultyDevice* gFaulty = nullptr;
+
+braid::cuda::FaultyDevice& faulty() {
+  if (!gFaulty) throw std::runtime_error("braid_sim: call faults_install() first");
+  return *gFaulty;
 }
 
 }  // namespace
@@ -79,6 +88,39 @@ PYBIND11_MODULE(_C, m) {
       "this process: its communicators meet in-process), or with cross_process braid's "
       "same-GPU collectives standing in for it (ranks may be processes; used between the "
       "GPUs' leaders of the multi-GPU collectives).");
+  // Note [Injected device failures] in tests/sim/device/faulty_device.h.
+  m.def(
+      "faults_install",
+      [] {
+        // Process lifetime, as the simulated device it wraps.
+        if (!gFaulty) gFaulty = new braid::cuda::FaultyDevice(braid::sim::device());
+        hooks().setDeviceApi(gFaulty);
+      },
+      "Serve CUDA tensors with the installed simulated device wrapped so that "
+      "inject_device_fault can make braid's device calls fail.");
+  m.def(
+      "inject_device_fault",
+      [](const std::string& call, int nth, bool every, bool sticky, int code,
+         const std::string& name, const std::string& message) {
+        braid::cuda::DeviceFault f;
+        f.call = call;
+        f.nth = nth;
+        f.every = every;
+        f.sticky = sticky;
+        f.code = code;
+        f.errorName = name;
+        f.message = message;
+        faulty().inject(f);
+      },
+      py::arg("call"), py::arg("nth") = 1, py::arg("every") = false, py::arg("sticky") = false,
+      py::arg("code") = 700, py::arg("name") = "cudaErrorIllegalAddress",
+      py::arg("message") = "an illegal memory access was encountered",
+      "The nth call (from now) of the DeviceApi call `call` ('hostFree', ...; '*': any) fails "
+      "with CUDA's error, and every later one with `every`; `sticky`: every later call of any "
+      "kind too (a corrupt context).");
+  m.def("clear_device_faults", [] { faulty().clear(); });
+  m.def("device_failures", [] { return faulty().failures(); },
+        "Device calls failed by injection so far.");
   m.def(
       "delay_comm_stream",
       [](py::object group, int64_t us) {
