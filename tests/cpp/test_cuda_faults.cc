@@ -3,7 +3,7 @@
 // tests/sim/nccl/faulty_nccl.h), each checked on its own, and what they
 // catch: an exception out of teardown (Note [No exception out of teardown]
 // in cuda/teardown.h) and a communicator destroyed without a bounded
-// finalize (Note [Tearing a communicator down] in nccl/nccl_executor.cc).
+// finalize (Note [Tearing a communicator down] in cuda/nccl/nccl_executor.cc).
 #include <gtest/gtest.h>
 
 #include <atomic>
