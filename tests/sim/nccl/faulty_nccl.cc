@@ -24,6 +24,7 @@ void FaultyNccl::clear() {
   std::lock_guard<std::mutex> lock(mu_);
   faults_.clear();
   stuck_ = false;
+  failedText_.clear();
   async_ = kNcclSuccess;
   hangFinalize_ = false;
   finalizing_.clear();
@@ -39,7 +40,7 @@ std::vector<FaultyNccl::Teardown> FaultyNccl::teardown() {
   return teardown_;
 }
 
-NcclResult FaultyNccl::check(const char* call) {
+NcclResult FaultyNccl::check(const char* call, NcclComm comm) {
   std::lock_guard<std::mutex> lock(mu_);
   const NcclFault* hit = nullptr;
   if (stuck_) {
@@ -61,7 +62,7 @@ NcclResult FaultyNccl::check(const char* call) {
   }
   if (hit == nullptr) return kNcclSuccess;
   ++failures_;
-  lastText_ = hit->text;
+  failedText_[comm] = hit->text;
   return hit->result;
 }
 
@@ -73,24 +74,25 @@ void FaultyNccl::logTeardown(const char* call, NcclComm comm) {
 std::string FaultyNccl::lastError(NcclComm comm) {
   {
     std::lock_guard<std::mutex> lock(mu_);
-    if (failures_ > 0) return lastText_;
+    auto it = failedText_.find(comm);
+    if (it != failedText_.end()) return it->second;
     if (async_ != kNcclSuccess) return asyncText_;
   }
   return inner_.lastError(comm);
 }
 
 NcclResult FaultyNccl::getUniqueId(NcclUniqueId* id) {
-  NcclResult r = check("getUniqueId");
+  NcclResult r = check("getUniqueId", nullptr);
   return r != kNcclSuccess ? r : inner_.getUniqueId(id);
 }
 NcclResult FaultyNccl::commInitRank(NcclComm* comm, int nranks, const NcclUniqueId& id, int rank,
                                     bool blocking) {
-  NcclResult r = check("commInitRank");
+  NcclResult r = check("commInitRank", nullptr);
   return r != kNcclSuccess ? r : inner_.commInitRank(comm, nranks, id, rank, blocking);
 }
 NcclResult FaultyNccl::commDestroy(NcclComm comm) {
   logTeardown("commDestroy", comm);
-  NcclResult r = check("commDestroy");
+  NcclResult r = check("commDestroy", comm);
   return r != kNcclSuccess ? r : inner_.commDestroy(comm);
 }
 NcclResult FaultyNccl::commAbort(NcclComm comm) {
@@ -99,11 +101,11 @@ NcclResult FaultyNccl::commAbort(NcclComm comm) {
     std::lock_guard<std::mutex> lock(mu_);
     finalizing_.erase(comm);
   }
-  NcclResult r = check("commAbort");
+  NcclResult r = check("commAbort", comm);
   return r != kNcclSuccess ? r : inner_.commAbort(comm);
 }
 NcclResult FaultyNccl::commGetAsyncError(NcclComm comm, NcclResult* asyncError) {
-  NcclResult r = check("commGetAsyncError");
+  NcclResult r = check("commGetAsyncError", comm);
   if (r != kNcclSuccess) return r;
   {
     std::lock_guard<std::mutex> lock(mu_);
@@ -120,7 +122,7 @@ NcclResult FaultyNccl::commGetAsyncError(NcclComm comm, NcclResult* asyncError) 
 }
 NcclResult FaultyNccl::commFinalize(NcclComm comm) {
   logTeardown("commFinalize", comm);
-  NcclResult r = check("commFinalize");
+  NcclResult r = check("commFinalize", comm);
   if (r != kNcclSuccess) return r;
   r = inner_.commFinalize(comm);
   std::lock_guard<std::mutex> lock(mu_);
@@ -131,72 +133,72 @@ NcclResult FaultyNccl::commFinalize(NcclComm comm) {
   return r;
 }
 NcclResult FaultyNccl::groupStart() {
-  NcclResult r = check("groupStart");
+  NcclResult r = check("groupStart", nullptr);
   return r != kNcclSuccess ? r : inner_.groupStart();
 }
 NcclResult FaultyNccl::groupEnd() {
-  NcclResult r = check("groupEnd");
+  NcclResult r = check("groupEnd", nullptr);
   return r != kNcclSuccess ? r : inner_.groupEnd();
 }
 NcclResult FaultyNccl::allReduce(const void* send, void* recv, size_t count, NcclDataType type,
                                  NcclRedOp op, NcclComm comm, Stream stream) {
-  NcclResult r = check("allReduce");
+  NcclResult r = check("allReduce", comm);
   return r != kNcclSuccess ? r : inner_.allReduce(send, recv, count, type, op, comm, stream);
 }
 NcclResult FaultyNccl::broadcast(const void* send, void* recv, size_t count, NcclDataType type,
                                  int root, NcclComm comm, Stream stream) {
-  NcclResult r = check("broadcast");
+  NcclResult r = check("broadcast", comm);
   return r != kNcclSuccess ? r : inner_.broadcast(send, recv, count, type, root, comm, stream);
 }
 NcclResult FaultyNccl::reduce(const void* send, void* recv, size_t count, NcclDataType type,
                               NcclRedOp op, int root, NcclComm comm, Stream stream) {
-  NcclResult r = check("reduce");
+  NcclResult r = check("reduce", comm);
   return r != kNcclSuccess ? r : inner_.reduce(send, recv, count, type, op, root, comm, stream);
 }
 NcclResult FaultyNccl::allGather(const void* send, void* recv, size_t sendCount,
                                  NcclDataType type, NcclComm comm, Stream stream) {
-  NcclResult r = check("allGather");
+  NcclResult r = check("allGather", comm);
   return r != kNcclSuccess ? r : inner_.allGather(send, recv, sendCount, type, comm, stream);
 }
 NcclResult FaultyNccl::reduceScatter(const void* send, void* recv, size_t recvCount,
                                      NcclDataType type, NcclRedOp op, NcclComm comm,
                                      Stream stream) {
-  NcclResult r = check("reduceScatter");
+  NcclResult r = check("reduceScatter", comm);
   return r != kNcclSuccess ? r
                            : inner_.reduceScatter(send, recv, recvCount, type, op, comm, stream);
 }
 NcclResult FaultyNccl::send(const void* buf, size_t count, NcclDataType type, int peer,
                             NcclComm comm, Stream stream) {
-  NcclResult r = check("send");
+  NcclResult r = check("send", comm);
   return r != kNcclSuccess ? r : inner_.send(buf, count, type, peer, comm, stream);
 }
 NcclResult FaultyNccl::recv(void* buf, size_t count, NcclDataType type, int peer, NcclComm comm,
                             Stream stream) {
-  NcclResult r = check("recv");
+  NcclResult r = check("recv", comm);
   return r != kNcclSuccess ? r : inner_.recv(buf, count, type, peer, comm, stream);
 }
 NcclResult FaultyNccl::redOpCreatePreMulSum(NcclRedOp* op, const void* scalar, NcclDataType type,
                                             NcclComm comm) {
-  NcclResult r = check("redOpCreatePreMulSum");
+  NcclResult r = check("redOpCreatePreMulSum", comm);
   return r != kNcclSuccess ? r : inner_.redOpCreatePreMulSum(op, scalar, type, comm);
 }
 NcclResult FaultyNccl::redOpDestroy(NcclRedOp op, NcclComm comm) {
-  NcclResult r = check("redOpDestroy");
+  NcclResult r = check("redOpDestroy", comm);
   return r != kNcclSuccess ? r : inner_.redOpDestroy(op, comm);
 }
 NcclResult FaultyNccl::gather(const void* send, void* const* recvs, size_t count,
                               NcclDataType type, int root, NcclComm comm, Stream stream) {
-  NcclResult r = check("gather");
+  NcclResult r = check("gather", comm);
   return r != kNcclSuccess ? r : inner_.gather(send, recvs, count, type, root, comm, stream);
 }
 NcclResult FaultyNccl::scatter(const void* const* sends, void* recv, size_t count,
                                NcclDataType type, int root, NcclComm comm, Stream stream) {
-  NcclResult r = check("scatter");
+  NcclResult r = check("scatter", comm);
   return r != kNcclSuccess ? r : inner_.scatter(sends, recv, count, type, root, comm, stream);
 }
 NcclResult FaultyNccl::allToAll(const void* send, void* recv, size_t count, NcclDataType type,
                                 NcclComm comm, Stream stream) {
-  NcclResult r = check("allToAll");
+  NcclResult r = check("allToAll", comm);
   return r != kNcclSuccess ? r : inner_.allToAll(send, recv, count, type, comm, stream);
 }
 

@@ -7,7 +7,7 @@
 // every call) and which of its calls fail, counted from when it was
 // injected: the nth only, or the nth and every later one. A failing call
 // answers the fault's NcclResult without reaching the wrapped NCCL, and
-// lastError() then gives the fault's text. A sticky fault makes every later
+// lastError() of its communicator then gives the fault's text. A sticky fault makes every later
 // call (every kind) answer the same, until clear().
 // asyncError(r, text): from now on commGetAsyncError reports `r` on every
 // communicator, as NCCL does after a failed kernel or a lost peer; the
@@ -19,6 +19,7 @@
 // order, with their communicator, whatever they answered.
 #pragma once
 
+#include <map>
 #include <mutex>
 #include <set>
 #include <string>
@@ -101,8 +102,9 @@ class FaultyNccl final : public NcclApi {
   }
 
  private:
-  // The injected result if `call` is to fail now, else kNcclSuccess.
-  NcclResult check(const char* call);
+  // The injected result if `call` (on `comm`; null: none) is to fail now,
+  // else kNcclSuccess.
+  NcclResult check(const char* call, NcclComm comm);
   void logTeardown(const char* call, NcclComm comm);
 
   NcclApi& inner_;
@@ -114,7 +116,7 @@ class FaultyNccl final : public NcclApi {
   std::vector<Armed> faults_;
   bool stuck_ = false;
   NcclFault sticky_;
-  std::string lastText_;
+  std::map<NcclComm, std::string> failedText_;  // lastError of the comms whose call failed
   int failures_ = 0;
   NcclResult async_ = kNcclSuccess;
   std::string asyncText_;
