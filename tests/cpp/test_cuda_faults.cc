@@ -152,6 +152,13 @@ TEST(DeviceFaultsDeathTest, AThrowingFreeInADestructorTerminatesAndTheCarefulOne
 
 NcclOp allreduce(DeviceBuffer& b) { return op(NcclOpKind::kAllreduce, b.p, b.p, b.n, b.type); }
 
+// Every rank's op has completed before any rank tears down: an abort breaks
+// the clique, and a peer whose task is still ending would fail with it.
+void meet(std::atomic<int>& arrived, int n) {
+  ++arrived;
+  while (arrived.load() < n) std::this_thread::yield();
+}
+
 TEST(NcclFaults, TheNthCallFailsWithItsResultAndText) {
   SimulatedNccl sim(dev());
   FaultyNccl nccl(sim);
@@ -247,10 +254,12 @@ TEST(NcclFaults, AFinalizeThatNeverCompletesIsAbortedAtTheBound) {
   MemoryStore store;
   const milliseconds timeout(1000);
   std::vector<Clock::duration> took(2);
+  std::atomic<int> arrived{0};
   runRanks(2, [&](int rank) {
     NcclExecutor ex(nccl, dev(), store, options(rank, 2, static_cast<int>(timeout.count())));
     DeviceBuffer b(DataType::kInt32, 8);
     ex.run(allreduce(b))->wait();
+    meet(arrived, 2);
     nccl.hangFinalize();
     const auto t0 = Clock::now();
     ex.shutdown();
@@ -278,10 +287,12 @@ TEST(NcclFaults, AFailedFinalizeAborts) {
   f.every = true;
   nccl.inject(f);
   MemoryStore store;
+  std::atomic<int> arrived{0};
   runRanks(2, [&](int rank) {
     NcclExecutor ex(nccl, dev(), store, options(rank, 2));
     DeviceBuffer b(DataType::kInt32, 8);
     ex.run(allreduce(b))->wait();
+    meet(arrived, 2);
     ex.shutdown();
   });
   int aborts = 0, destroys = 0;
