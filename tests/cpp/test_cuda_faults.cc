@@ -188,6 +188,29 @@ TEST(NcclFaults, TheNthCallFailsWithItsResultAndText) {
   EXPECT_EQ(sim.commsLive(), 0);
 }
 
+// A sticky fault: every later call answers the same, whatever it is.
+TEST(NcclFaults, AStickyFaultFailsEveryLaterCall) {
+  SimulatedNccl sim(dev());
+  FaultyNccl nccl(sim);
+  NcclUniqueId id;
+  ASSERT_EQ(nccl.getUniqueId(&id), kNcclSuccess);
+  NcclFault f;
+  f.call = "groupStart";
+  f.sticky = true;
+  f.result = kNcclUnhandledCudaError;
+  nccl.inject(f);
+  EXPECT_EQ(nccl.groupStart(), kNcclUnhandledCudaError);
+  EXPECT_EQ(nccl.groupEnd(), kNcclUnhandledCudaError);
+  EXPECT_EQ(nccl.getUniqueId(&id), kNcclUnhandledCudaError);
+  NcclComm comm = nullptr;
+  EXPECT_EQ(nccl.commInitRank(&comm, 1, id, 0, false), kNcclUnhandledCudaError);
+  EXPECT_EQ(nccl.failures(), 4);
+  nccl.clear();
+  EXPECT_EQ(nccl.getUniqueId(&id), kNcclSuccess);
+  EXPECT_EQ(nccl.groupStart(), kNcclSuccess);
+  EXPECT_EQ(nccl.groupEnd(), kNcclSuccess);
+}
+
 TEST(NcclFaults, AnAsyncErrorFailsTheNextOp) {
   SimulatedNccl sim(dev());
   FaultyNccl nccl(sim);
