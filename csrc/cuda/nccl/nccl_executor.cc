@@ -167,7 +167,7 @@ void checkOp(const NcclApi& nccl, const NcclOp& op, int rank, int size) {
 // frees local resources. A destroy without a finalize does the finalize's
 // part itself, blocking and unbounded: a peer that died or hangs leaves the
 // caller (a destructor, at exit) waiting forever. So braid does as
-// ProcessGroupNCCL and torchcomms do: finalize; wait for it, polling
+// ProcessGroupNCCL's NCCLComm does: finalize; wait for it, polling
 // ncclCommGetAsyncError (braid's communicators are non-blocking) until it
 // stops answering kNcclInProgress, at most the group's timeout capped at
 // kFinalizeBound; then destroy. An error, or the bound passed, aborts the
@@ -176,6 +176,8 @@ void checkOp(const NcclApi& nccl, const NcclOp& op, int rank, int size) {
 // ncclCommFinalize (NCCL before 2.14; braid's same-GPU collectives, whose
 // destroy is bounded itself) is destroyed directly. (With
 // Options::blockingComm, a debugging mode, the finalize blocks inside NCCL.)
+// The wait holds callMu, so an abort() from another thread meanwhile gives
+// up on the lock after its second; the bound still ends the wait.
 constexpr std::chrono::seconds kFinalizeBound{10};
 
 // Releases `comm` (of `device`) as the note says; logs what went wrong,
