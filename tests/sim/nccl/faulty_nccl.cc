@@ -1,6 +1,8 @@
 // Note [Injected NCCL failures] in faulty_nccl.h.
 #include "sim/nccl/faulty_nccl.h"
 
+#include <thread>
+
 namespace braid {
 namespace cuda {
 
@@ -15,9 +17,10 @@ void FaultyNccl::asyncError(NcclResult result, const std::string& text) {
   asyncText_ = text;
 }
 
-void FaultyNccl::hangFinalize() {
+void FaultyNccl::hangFinalize(std::chrono::milliseconds destroyHang) {
   std::lock_guard<std::mutex> lock(mu_);
   hangFinalize_ = true;
+  destroyHang_ = destroyHang;
 }
 
 void FaultyNccl::clear() {
@@ -28,6 +31,7 @@ void FaultyNccl::clear() {
   async_ = kNcclSuccess;
   hangFinalize_ = false;
   finalizing_.clear();
+  finalized_.clear();
 }
 
 int FaultyNccl::failures() {
@@ -92,6 +96,12 @@ NcclResult FaultyNccl::commInitRank(NcclComm* comm, int nranks, const NcclUnique
 }
 NcclResult FaultyNccl::commDestroy(NcclComm comm) {
   logTeardown("commDestroy", comm);
+  std::chrono::milliseconds hang{0};
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    if (hangFinalize_ && !finalized_.count(comm)) hang = destroyHang_;
+  }
+  std::this_thread::sleep_for(hang);  // finalizing itself, with a dead peer
   NcclResult r = check("commDestroy", comm);
   return r != kNcclSuccess ? r : inner_.commDestroy(comm);
 }
@@ -122,6 +132,10 @@ NcclResult FaultyNccl::commGetAsyncError(NcclComm comm, NcclResult* asyncError) 
 }
 NcclResult FaultyNccl::commFinalize(NcclComm comm) {
   logTeardown("commFinalize", comm);
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    finalized_.insert(comm);
+  }
   NcclResult r = check("commFinalize", comm);
   if (r != kNcclSuccess) return r;
   r = inner_.commFinalize(comm);

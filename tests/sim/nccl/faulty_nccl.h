@@ -14,11 +14,15 @@
 // communicators still work underneath (the wrapped NCCL knows nothing).
 // hangFinalize(): commFinalize is accepted, but the communicator's
 // commGetAsyncError answers kNcclInProgress from then on (until aborted): a
-// peer that died or hangs, so that the finalize never completes.
+// peer that died or hangs, so that the finalize never completes. A
+// commDestroy of a communicator never finalized then blocks too (NCCL's
+// destroy finalizes itself first, unbounded): here for `destroyHang`, so
+// that a test of a teardown without a bound fails rather than hangs.
 // teardown(): the commFinalize, commDestroy and commAbort calls made, in
 // order, with their communicator, whatever they answered.
 #pragma once
 
+#include <chrono>
 #include <map>
 #include <mutex>
 #include <set>
@@ -46,7 +50,7 @@ class FaultyNccl final : public NcclApi {
 
   void inject(NcclFault fault);
   void asyncError(NcclResult result, const std::string& text);
-  void hangFinalize();
+  void hangFinalize(std::chrono::milliseconds destroyHang = std::chrono::seconds(20));
   void clear();  // faults, async errors, hung finalizes
   int failures();
   struct Teardown {
@@ -121,7 +125,9 @@ class FaultyNccl final : public NcclApi {
   NcclResult async_ = kNcclSuccess;
   std::string asyncText_;
   bool hangFinalize_ = false;
+  std::chrono::milliseconds destroyHang_{0};
   std::set<NcclComm> finalizing_;  // hung finalizes
+  std::set<NcclComm> finalized_;   // commFinalize called
   std::vector<Teardown> teardown_;
 };
 
