@@ -8,6 +8,7 @@
 #include "python/testing_hooks.h"
 #include "sim/device/faulty_device.h"
 #include "sim/device/sim_device.h"
+#include "sim/nccl/faulty_nccl.h"
 #include "sim/nccl/nccl_sim.h"
 #include "sim/nccl/same_gpu_as_nccl.h"
 #include "sim/torch/sim_cuda.h"
@@ -42,6 +43,14 @@ braid::cuda::FaultyDevice* gFaulty = nullptr;
 braid::cuda::FaultyDevice& faulty() {
   if (!gFaulty) throw std::runtime_error("braid_sim: call faults_install() first");
   return *gFaulty;
+}
+
+// The simulated NCCL wrapped for injected failures (nccl_faults_install), or null.
+braid::cuda::FaultyNccl* gFaultyNccl = nullptr;
+
+braid::cuda::FaultyNccl& faultyNccl() {
+  if (!gFaultyNccl) throw std::runtime_error("braid_sim: call nccl_faults_install() first");
+  return *gFaultyNccl;
 }
 
 }  // namespace
@@ -121,6 +130,60 @@ PYBIND11_MODULE(_C, m) {
   m.def("clear_device_faults", [] { faulty().clear(); });
   m.def("device_failures", [] { return faulty().failures(); },
         "Device calls failed by injection so far.");
+  // Note [Injected NCCL failures] in tests/sim/nccl/faulty_nccl.h.
+  m.def(
+      "nccl_faults_install",
+      [] {
+        // Process lifetime, as nccl_install's simulated NCCL.
+        if (!gFaultyNccl) {
+          static auto* nccl = new braid::cuda::SimulatedNccl(braid::sim::device());
+          gFaultyNccl = new braid::cuda::FaultyNccl(*nccl);
+        }
+        hooks().setNcclApi(gFaultyNccl);
+      },
+      "As nccl_install(), with the simulated NCCL wrapped so that inject_nccl_fault, "
+      "nccl_async_error and nccl_hang_finalize can make its calls fail.");
+  m.def(
+      "inject_nccl_fault",
+      [](const std::string& call, int nth, bool every, bool sticky, int result,
+         const std::string& text) {
+        braid::cuda::NcclFault f;
+        f.call = call;
+        f.nth = nth;
+        f.every = every;
+        f.sticky = sticky;
+        f.result = static_cast<braid::cuda::NcclResult>(result);
+        f.text = text;
+        faultyNccl().inject(f);
+      },
+      py::arg("call"), py::arg("nth") = 1, py::arg("every") = false, py::arg("sticky") = false,
+      py::arg("result") = static_cast<int>(braid::cuda::kNcclSystemError),
+      py::arg("text") = "injected: a NIC went away",
+      "The nth call (from now) of the NcclApi call `call` ('allReduce', 'commFinalize', ...; "
+      "'*': any) answers `result` (an ncclResult_t), every later one with `every`; `sticky`: "
+      "every later call of any kind too.");
+  m.def(
+      "nccl_async_error",
+      [](int result, const std::string& text) {
+        faultyNccl().asyncError(static_cast<braid::cuda::NcclResult>(result), text);
+      },
+      py::arg("result"), py::arg("text"),
+      "From now on ncclCommGetAsyncError reports `result` on every communicator.");
+  m.def(
+      "nccl_hang_finalize", [](int64_t destroyHangMs) {
+        faultyNccl().hangFinalize(std::chrono::milliseconds(destroyHangMs));
+      },
+      py::arg("destroy_hang_ms") = 20000,
+      "A dead peer: finalizes never complete, and a destroy without one blocks that long.");
+  m.def("clear_nccl_faults", [] { faultyNccl().clear(); });
+  m.def(
+      "nccl_teardown",
+      [] {
+        std::vector<std::string> calls;
+        for (const auto& t : faultyNccl().teardown()) calls.push_back(t.call);
+        return calls;
+      },
+      "The commFinalize, commDestroy and commAbort calls made so far, in order.");
   m.def(
       "delay_comm_stream",
       [](py::object group, int64_t us) {

@@ -16,6 +16,9 @@ from . import _C
 from ._C import delay_comm_stream, delay_current_stream, empty, nccl_install, read, write  # noqa: F401
 # Note [Injected device failures] in tests/sim/device/faulty_device.h.
 from ._C import clear_device_faults, device_failures, faults_install, inject_device_fault  # noqa: F401
+# Note [Injected NCCL failures] in tests/sim/nccl/faulty_nccl.h.
+from ._C import (clear_nccl_faults, inject_nccl_fault, nccl_async_error,  # noqa: F401
+                 nccl_faults_install, nccl_hang_finalize, nccl_teardown)
 
 _installed = 0
 
