@@ -15,7 +15,8 @@ import torch_braid  # noqa: F401  (loads torch_braid._C, whose testing hooks _C 
 from . import _C
 from ._C import delay_comm_stream, delay_current_stream, empty, nccl_install, read, write  # noqa: F401
 # Note [Injected device failures] in tests/sim/device/faulty_device.h.
-from ._C import clear_device_faults, device_failures, faults_install, inject_device_fault  # noqa: F401
+from ._C import (clear_device_faults, device_failures, faults_install,  # noqa: F401
+                 inject_device_fault)
 # Note [Injected NCCL failures] in tests/sim/nccl/faulty_nccl.h.
 from ._C import (clear_nccl_faults, inject_nccl_fault, nccl_async_error,  # noqa: F401
                  nccl_faults_install, nccl_hang_finalize, nccl_teardown)
