@@ -13,8 +13,9 @@ site=$2
 fail=0
 # The simulators' names: the device (SimDevice, SimStream, SimEvent,
 # SharedEvent, simulatedDevice), NCCL (SimulatedNccl, simnccl::), the torch
-# glue (braid::sim::), and the same-GPU stand-in for NCCL.
-pattern='braid::sim::|braid::cuda::(sim|simnccl)::|SimulatedNccl|SimulatedDevice|simulatedDevice|SameGpuAsNccl|sameGpuCollectivesAsNccl'
+# glue (braid::sim::), the same-GPU stand-in for NCCL, and the failure
+# injectors (FaultyDevice, FaultyNccl).
+pattern='braid::sim::|braid::cuda::(sim|simnccl)::|SimulatedNccl|SimulatedDevice|simulatedDevice|SameGpuAsNccl|sameGpuCollectivesAsNccl|FaultyDevice|FaultyNccl'
 shopt -s nullglob
 libs=("$prefix"/lib*/libbraid.so "$site"/torch_braid/_C*.so)
 ((${#libs[@]} == 2)) || { echo "check_shipped: expected libbraid.so and _C, found: ${libs[*]}" >&2; exit 1; }

@@ -17,6 +17,21 @@
 //   especially) should call setDevice(device) first, so that CUDA has no
 //   reason to initialize device 0 on it.
 // - deviceUuid, deviceCount and computeCapability need no current device.
+//
+// Note [A stream's device]
+// A kernel launch must go to a stream of the current device, so reduceAsync
+// and reduceMultiAsync switch to the stream's device first. Which device
+// that is, cudaStreamGetDevice says, but only from CUDA 12.8 on; the
+// calling thread's current device is no answer (a worker thread, or a user
+// thread that last touched another GPU, launches on the wrong device:
+// cudaErrorInvalidResourceHandle at best). So, in this order:
+// - cudaStreamGetDevice where the runtime has it;
+// - the device of a stream this DeviceApi created (streamCreate remembers
+//   it, streamDestroy forgets it);
+// - the device the caller names (reduceMultiAsyncOn: braid launches on
+//   torch's streams only for a group, whose device it knows);
+// - the current device, only for the null stream (the legacy default
+//   stream is the current device's) or when nothing else is known.
 #include <cstdio>
 #include <cstring>
 #include <memory>
@@ -139,10 +154,16 @@ class CudaRuntime final : public DeviceApi {
     rt::StreamT s = nullptr;
     BRAID_CUDART(f_.streamCreateWithFlags(&s, rt::kStreamNonBlocking),
                  "cudaStreamCreateWithFlags(device=", device, ", cudaStreamNonBlocking)");
+    std::lock_guard<std::mutex> lk(mu_);
+    streamDevices_[s] = device;  // Note [A stream's device]
     return s;
   }
   void streamDestroy(Stream s) override {
     if (s == nullptr) throw Error("braid: cudaStreamDestroy(null): the default stream");
+    {
+      std::lock_guard<std::mutex> lk(mu_);
+      streamDevices_.erase(s);
+    }
     BRAID_CUDART(f_.streamDestroy(s), "cudaStreamDestroy(", s, ")");
   }
   void streamSynchronize(Stream s) override {
@@ -221,14 +242,20 @@ class CudaRuntime final : public DeviceApi {
 
   void reduceAsync(DataType type, ReduceOp op, void* dst, const void* src, size_t count,
                    Stream s) override {
-    // The launch must go to the stream's device (Note [The current device]).
-    DeviceGuard guard(r_, streamDevice(s));
+    // The launch must go to the stream's device (Note [A stream's device]).
+    DeviceGuard guard(r_, streamDevice(s, -1));
     launchReduce(r_, type, op, dst, src, count, s);
   }
 
   void reduceMultiAsync(DataType type, ReduceOp op, void* dst, const void* const* srcs, int n,
                         double divisor, size_t count, Stream s) override {
-    DeviceGuard guard(r_, streamDevice(s));
+    DeviceGuard guard(r_, streamDevice(s, -1));
+    launchReduceMulti(r_, type, op, dst, srcs, n, divisor, count, s);
+  }
+  void reduceMultiAsyncOn(int device, DataType type, ReduceOp op, void* dst,
+                          const void* const* srcs, int n, double divisor, size_t count,
+                          Stream s) override {
+    DeviceGuard guard(r_, streamDevice(s, device));
     launchReduceMulti(r_, type, op, dst, srcs, n, divisor, count, s);
   }
 
@@ -271,14 +298,23 @@ class CudaRuntime final : public DeviceApi {
     return e;
   }
 
-  int streamDevice(Stream s) {
-    int device = -1;
-    if (s != nullptr && f_.streamGetDevice != nullptr) {
-      BRAID_CUDART(f_.streamGetDevice(s, &device), "cudaStreamGetDevice(", s, ")");
-    } else {
-      device = getDevice();  // the null stream, or a runtime without cudaStreamGetDevice
+  // `s`'s device (Note [A stream's device]); `named`: the caller's word for
+  // it (-1: none).
+  int streamDevice(Stream s, int named) {
+    if (s != nullptr) {
+      if (f_.streamGetDevice != nullptr) {
+        int device = -1;
+        BRAID_CUDART(f_.streamGetDevice(s, &device), "cudaStreamGetDevice(", s, ")");
+        return device;
+      }
+      {
+        std::lock_guard<std::mutex> lk(mu_);
+        auto it = streamDevices_.find(s);
+        if (it != streamDevices_.end()) return it->second;
+      }
     }
-    return device;
+    if (named >= 0) return named;
+    return getDevice();
   }
 
   static rt::IpcHandle toHandle(const std::string& bytes, const char* call) {
@@ -294,12 +330,17 @@ class CudaRuntime final : public DeviceApi {
  private:
   const rt::Runtime& r_;
   const rt::Functions& f_;
-  std::mutex mu_;  // uuids_, kernelErrors_
+  std::mutex mu_;  // uuids_, kernelErrors_, streamDevices_
   std::unordered_map<int, std::string> uuids_;
   std::unordered_map<int, std::string> kernelErrors_;  // kernelLoadError, per device
+  std::unordered_map<Stream, int> streamDevices_;  // the streams streamCreate made
 };
 
 }  // namespace
+
+std::unique_ptr<DeviceApi> cudaRuntimeOver(const rt::Runtime& r) {
+  return std::unique_ptr<DeviceApi>(new CudaRuntime(r));
+}
 
 DeviceApi& cudaRuntime() {
   // Built once; a failure (no runtime, no driver, no GPU) is remembered and

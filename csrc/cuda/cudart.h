@@ -6,6 +6,7 @@
 #pragma once
 
 #include <cstddef>
+#include <memory>
 #include <string>
 
 #include "common/error.h"
@@ -86,7 +87,7 @@ struct Functions {
   Status (*ipcGetEventHandle)(IpcHandle*, EventT);
   Status (*ipcOpenEventHandle)(EventT*, IpcHandle);
   // Optional: null when this runtime lacks them (checked where used).
-  Status (*streamGetDevice)(StreamT, int*);  // recent runtimes (13.0 has it)
+  Status (*streamGetDevice)(StreamT, int*);  // CUDA 12.8 and later
   Status (*libraryLoadData)(LibraryT*, const void* code, void* jitOptions, void** jitValues,
                            unsigned numJit, void* libraryOptions, void** libraryValues,
                            unsigned numLibrary);             // CUDA 12.0
@@ -108,6 +109,15 @@ struct Runtime {
 // then making it current would create one (and take memory on that GPU).
 // true when it exists or the driver cannot be asked.
 bool primaryContextMayExist(const Runtime& r, int device);
+
+}  // namespace rt
+
+class DeviceApi;
+// The DeviceApi over `r`'s functions, as cudaRuntime() is over runtime()'s
+// (tests drive it with a fake table). `r` must outlive it.
+std::unique_ptr<DeviceApi> cudaRuntimeOver(const rt::Runtime& r);
+
+namespace rt {
 
 // The runtime, loaded at first call; throws braid::Error saying why it could
 // not be (later calls throw the same error again).

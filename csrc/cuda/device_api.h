@@ -101,6 +101,18 @@ class DeviceApi {
   // process's memory opened with ipcOpenMem; dst may be one of them.
   virtual void reduceMultiAsync(DataType type, ReduceOp op, void* dst, const void* const* srcs,
                                 int n, double divisor, size_t count, Stream s) = 0;
+  // reduceMultiAsync on `s`, a stream of `device` that braid may not have
+  // made (torch's): the caller names the stream's device, so that a runtime
+  // that cannot ask a stream for it still launches there and not on the
+  // calling thread's current device (Note [A stream's device] in
+  // cuda/cuda_runtime.cc). The default ignores `device`: an implementation
+  // that knows every stream's device (the simulated one) needs no hint.
+  virtual void reduceMultiAsyncOn(int device, DataType type, ReduceOp op, void* dst,
+                                  const void* const* srcs, int n, double divisor, size_t count,
+                                  Stream s) {
+    (void)device;
+    reduceMultiAsync(type, op, dst, srcs, n, divisor, count, s);
+  }
 
   // CUDA IPC (Note [Same-GPU collectives] in cuda/shared_gpu/same_gpu.h): memory and
   // events that another process on the host can open. Handles are opaque

@@ -2,6 +2,7 @@
 // and every reduce kernel against the CPU's bits. Where no CUDA runtime or
 // GPU loads, every test skips with the reason (or fails, when
 // BRAID_EXPECT_GPU=1 says a GPU was expected: tools/gpu_check.sh sets it).
+// CudaRuntimeFake.* run everywhere: cudaRuntimeOver a fake function table.
 //
 // CudaRuntimeErrors.FailedCallsNameTheCall makes CUDA calls fail on purpose;
 // it skips itself under compute-sanitizer, which counts every failed call.
@@ -405,6 +406,117 @@ TEST(CudaRuntimeErrors, NoRuntimeSaysWhy) {
   loadRuntime(&again);
   EXPECT_EQ(why, again);  // the same reason every time
   std::printf("cudaRuntime(): %s\n", why.c_str());
+}
+
+// ---- cudaRuntimeOver a fake table: no GPU needed ----
+// A runtime before CUDA 12.8 has no cudaStreamGetDevice. The fake table
+// models the current device per process (one test thread) and records the
+// device current when braid loads or launches a kernel: that is the device
+// the launch goes to (Note [A stream's device] in cuda/cuda_runtime.cc).
+namespace fake {
+int current = 0;
+std::vector<int> switches;  // setDevice's arguments, in order
+int launchedOn = -1;        // current device at cudaLaunchKernel or cudaLibraryLoadData
+uintptr_t nextStream = 0x1000;
+rt::Status getDevice(int* d) { *d = current; return rt::kSuccess; }
+rt::Status setDevice(int d) {
+  current = d;
+  switches.push_back(d);
+  return rt::kSuccess;
+}
+rt::Status getDeviceCount(int* n) { *n = 2; return rt::kSuccess; }
+const char* errorString(rt::Status) { return "fake error"; }
+const char* errorName(rt::Status) { return "cudaErrorFake"; }
+rt::Status getLastError() { return rt::kSuccess; }
+rt::Status streamCreate(rt::StreamT* s, unsigned) {
+  *s = reinterpret_cast<rt::StreamT>(nextStream += 0x10);
+  return rt::kSuccess;
+}
+rt::Status streamDestroy(rt::StreamT) { return rt::kSuccess; }
+// Fails, so that braid's kernel cache keeps no fake library.
+rt::Status libraryLoadData(rt::LibraryT*, const void*, void*, void**, unsigned, void*, void**,
+                           unsigned) {
+  launchedOn = current;
+  return 999;
+}
+rt::Status libraryGetKernel(rt::KernelT*, rt::LibraryT, const char*) { return 999; }
+rt::Status launchKernel(const void*, rt::Dim3, rt::Dim3, void**, size_t, rt::StreamT) {
+  launchedOn = current;  // (when a real runtime in this process cached the kernels already)
+  return rt::kSuccess;
+}
+
+rt::Runtime table() {
+  rt::Runtime r;
+  std::memset(&r.f, 0, sizeof(r.f));
+  r.f.getDevice = getDevice;
+  r.f.setDevice = setDevice;
+  r.f.getDeviceCount = getDeviceCount;
+  r.f.getErrorString = errorString;
+  r.f.getErrorName = errorName;
+  r.f.getLastError = getLastError;
+  r.f.streamCreateWithFlags = streamCreate;
+  r.f.streamDestroy = streamDestroy;
+  r.f.libraryLoadData = libraryLoadData;
+  r.f.libraryGetKernel = libraryGetKernel;
+  r.f.launchKernel = launchKernel;
+  r.f.streamGetDevice = nullptr;  // CUDA before 12.8
+  r.soname = "fake";
+  r.version = 12040;
+  return r;
+}
+}  // namespace fake
+
+// Launches `launch` with the thread on device 0 and returns the device its
+// kernel went to (the one current at the launch); the thread is back on 0.
+int launchDevice(DeviceApi& d, const std::function<void()>& launch) {
+  d.setDevice(0);
+  fake::switches.clear();
+  fake::launchedOn = -1;
+  try {
+    launch();
+  } catch (const Error&) {
+    // The fake's library load fails after the switch (no kernel is cached).
+  }
+  EXPECT_EQ(fake::current, 0) << "the thread's own device afterwards";
+  if (!haveKernels()) {
+    // No kernels to load: the launch fails before the table sees it, after
+    // the switch, so the switches tell the device.
+    return fake::switches.empty() ? 0 : fake::switches.front();
+  }
+  return fake::launchedOn;
+}
+
+TEST(CudaRuntimeFake, WithoutStreamGetDeviceALaunchGoesToItsOwnStreamsDevice) {
+  const rt::Runtime r = fake::table();
+  std::unique_ptr<DeviceApi> d = cudaRuntimeOver(r);
+  d->setDevice(0);
+  Stream s1 = d->streamCreate(1);
+  ASSERT_EQ(fake::current, 0);
+  int32_t buf[4] = {};
+  EXPECT_EQ(launchDevice(*d, [&] { d->reduceAsync(DataType::kInt32, ReduceOp::kSum, buf, buf, 4,
+                                                  s1); }),
+            1);
+  const void* srcs[] = {buf};
+  EXPECT_EQ(launchDevice(*d, [&] { d->reduceMultiAsync(DataType::kInt32, ReduceOp::kSum, buf,
+                                                       srcs, 1, 1.0, 4, s1); }),
+            1);
+  d->streamDestroy(s1);
+}
+
+// A stream braid did not create (torch's): the caller names its device.
+TEST(CudaRuntimeFake, WithoutStreamGetDeviceALaunchGoesToTheNamedDevice) {
+  const rt::Runtime r = fake::table();
+  std::unique_ptr<DeviceApi> d = cudaRuntimeOver(r);
+  Stream torchs = reinterpret_cast<Stream>(uintptr_t{0xabc0});
+  int32_t buf[4] = {};
+  const void* srcs[] = {buf};
+  EXPECT_EQ(launchDevice(*d, [&] { d->reduceMultiAsyncOn(1, DataType::kInt32, ReduceOp::kSum,
+                                                         buf, srcs, 1, 1.0, 4, torchs); }),
+            1);
+  // The null stream is the current device's.
+  EXPECT_EQ(launchDevice(*d, [&] { d->reduceAsync(DataType::kInt32, ReduceOp::kSum, buf, buf, 4,
+                                                  nullptr); }),
+            0);
 }
 
 }  // namespace

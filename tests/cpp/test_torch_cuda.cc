@@ -17,7 +17,9 @@
 #include "c10d/compat.h"
 #include "c10d/cuda/cuda_context.h"
 #include "c10d/process_group.h"
+#include "cuda/teardown.h"
 #include "sim/torch/sim_cuda.h"
+#include "sim/device/faulty_device.h"
 #include "sim/nccl/nccl_sim.h"
 #include "reducer/ddp.h"
 #include "timing.h"
@@ -373,5 +375,68 @@ TEST_P(CudaBackend, CppDdpTrainsACudaModuleAsOnCpu) {
 }
 
 INSTANTIATE_TEST_SUITE_P(Executors, CudaBackend, ::testing::Values("staged", "nccl"));
+
+// Note [No exception out of teardown] (cuda/teardown.h): after a sticky
+// device error every free fails, and the pool's destructor, a pinned tensor's
+// deleter and the group's teardown must go on rather than terminate the
+// process. Each case runs in a child process (a terminate would end the
+// suite), re-executed so that it starts with no simulated stream threads.
+// A sticky fault on every call ("*"), raised by the first hostFree.
+braid::cuda::DeviceFault stickyFromFirstHostFree() {
+  braid::cuda::DeviceFault f;
+  f.call = "hostFree";
+  f.sticky = true;
+  return f;
+}
+
+// Each runs in the child and exits 0 when the teardown went on.
+[[noreturn]] void pinnedPoolWithFailingFrees() {
+  braid::sim::install(kDevices, &braid::setDeviceApiForTesting);
+  braid::cuda::FaultyDevice faulty(braid::sim::device());
+  {
+    braid::PinnedPool pool(faulty, 1 << 20);
+    size_t small = 0, big = 0;
+    void* a = pool.acquire(1000, &small);
+    void* b = pool.acquire(size_t{4} << 20, &big);  // over the idle limit
+    pool.release(a, small);                          // kept idle
+    faulty.inject(stickyFromFirstHostFree());
+    pool.release(b, big);  // freed at once: fails
+  }                        // frees `a`: fails
+  std::exit(faulty.failures() == 2 && braid::cuda::teardownErrors() == 2 ? 0 : 3);
+}
+
+[[noreturn]] void groupAndPinnedTensorAfterAStickyError() {
+  braid::sim::install(kDevices, &braid::setDeviceApiForTesting);
+  braid::cuda::FaultyDevice faulty(braid::sim::device());
+  braid::setDeviceApiForTesting(&faulty);  // no NCCL for it: staged
+  at::Tensor kept;
+  {
+    auto pgs = braid_test::makeGroup(2, kTimeout);
+    braid_test::onRanks(2, [&](int r) {
+      c10::impl::VirtualGuardImpl(c10::DeviceType::CUDA)
+          .setDevice(c10::Device(c10::DeviceType::CUDA, r));
+      at::Tensor t = braid::sim::empty({1000}, at::kFloat, r);
+      braid::sim::write(t, at::full({1000}, float(r + 1)));
+      std::vector<at::Tensor> v{t};
+      pgs[r]->allreduce(v)->wait();
+      if (!braid::sim::read(t).equal(at::full({1000}, 3.f))) std::exit(4);
+    });
+    kept = pgs[0]->cudaContext()->pinnedLike(at::zeros({1 << 20}));
+    faulty.inject(stickyFromFirstHostFree());
+    // The group goes while its pool holds idle blocks; `kept` outlives it.
+  }
+  kept = at::Tensor();  // its deleter frees the block: fails
+  std::exit(faulty.failures() > 0 && braid::cuda::teardownErrors() > 0 ? 0 : 3);
+}
+
+TEST(CudaTeardownDeathTest, PinnedPoolSurvivesFailingHostFree) {
+  GTEST_FLAG_SET(death_test_style, "threadsafe");
+  EXPECT_EXIT(pinnedPoolWithFailingFrees(), ::testing::ExitedWithCode(0), "");
+}
+
+TEST(CudaTeardownDeathTest, GroupAndPinnedTensorSurviveAStickyError) {
+  GTEST_FLAG_SET(death_test_style, "threadsafe");
+  EXPECT_EXIT(groupAndPinnedTensorAfterAStickyError(), ::testing::ExitedWithCode(0), "");
+}
 
 }  // namespace

@@ -11,6 +11,7 @@
 #include "cuda/nccl/nccl_api.h"
 #include "cuda/nccl/nccl_executor.h"
 #include "cuda/shared_gpu/same_gpu.h"
+#include "cuda/teardown.h"
 
 namespace braid {
 
@@ -70,7 +71,11 @@ cuda::NcclApi* ncclFor(cuda::DeviceApi& api, std::string* why) {
 PinnedPool::PinnedPool(cuda::DeviceApi& api, size_t idleLimit) : api_(api), idleLimit_(idleLimit) {}
 
 PinnedPool::~PinnedPool() {
-  for (auto& kv : idle_) api_.hostFree(kv.second);
+  // Note [No exception out of teardown] in cuda/teardown.h.
+  for (auto& kv : idle_) {
+    cuda::ignoreTeardownError("freeing an idle pinned block (PinnedPool)", -1,
+                              [&] { api_.hostFree(kv.second); });
+  }
 }
 
 void* PinnedPool::acquire(size_t bytes, size_t* capacity) {
@@ -98,7 +103,10 @@ void PinnedPool::release(void* p, size_t capacity) {
       return;
     }
   }
-  api_.hostFree(p);
+  // Reached from a pinned tensor's deleter (noexcept): Note [No exception
+  // out of teardown] in cuda/teardown.h.
+  cuda::ignoreTeardownError("freeing a pinned block (PinnedPool::release)", -1,
+                            [&] { api_.hostFree(p); });
 }
 
 CudaContext::CudaContext(const CudaGroupInfo& group, c10::Device device)
@@ -115,29 +123,26 @@ CudaContext::CudaContext(const CudaGroupInfo& group, c10::Device device)
 }
 
 CudaContext::~CudaContext() {
-  shutdownNccl(false);
+  // Nothing here may throw (Note [No exception out of teardown] in
+  // cuda/teardown.h).
+  cuda::ignoreTeardownError("shutting the NCCL executor down (CudaContext)", rank_,
+                            [&] { shutdownNccl(false); });
   // Nothing may still read or write memory that is about to go: the comm
   // stream drains (each op on it ended by its deadline or failed), then the
-  // kept tensors and pinned blocks are dropped.
-  try {
-    api_.streamSynchronize(comm_);
-  } catch (...) {
-    // A sticky device error: the memory is the runtime's to reclaim now.
-  }
+  // kept tensors and pinned blocks are dropped. After a sticky device error
+  // the memory is the runtime's to reclaim.
+  cuda::ignoreTeardownError("synchronizing the comm stream (CudaContext)", rank_,
+                            [&] { api_.streamSynchronize(comm_); });
   {
     std::lock_guard<std::mutex> lock(retiredMu_);
     retired_.clear();
   }
-  try {
-    api_.streamDestroy(comm_);
-  } catch (...) {
-  }
+  cuda::ignoreTeardownError("destroying the comm stream (CudaContext)", rank_,
+                            [&] { api_.streamDestroy(comm_); });
   std::lock_guard<std::mutex> lock(eventsMu_);
   for (void* e : idleEvents_) {
-    try {
-      api_.eventDestroy(e);
-    } catch (...) {
-    }
+    cuda::ignoreTeardownError("destroying a pooled event (CudaContext)", rank_,
+                              [&] { api_.eventDestroy(e); });
   }
 }
 
@@ -160,10 +165,8 @@ PooledEvent CudaContext::event() {
       ctx->idleEvents_.push_back(e);
       return;
     }
-    try {
-      api->eventDestroy(e);
-    } catch (...) {
-    }
+    cuda::ignoreTeardownError("destroying a pooled event (its last owner)", -1,
+                              [&] { api->eventDestroy(e); });
   });
 }
 

@@ -108,7 +108,8 @@ class CudaContext : public std::enable_shared_from_this<CudaContext> {
   // The staged executor's steps for one op on this context (cuda_op.h).
   cuda::StagedOp::Env stagedEnv();
   // Shuts the NCCL executor down: `drain` lets pending ops finish first,
-  // else idle communicators are destroyed and busy ones aborted.
+  // else idle communicators are finalized and destroyed (bounded) and busy
+  // ones aborted.
   void shutdownNccl(bool drain);
 
   c10::Device device() const { return device_; }

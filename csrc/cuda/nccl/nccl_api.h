@@ -109,6 +109,16 @@ class NcclApi {
   // and frees it.
   virtual NcclResult commAbort(NcclComm comm) = 0;
   virtual NcclResult commGetAsyncError(NcclComm comm, NcclResult* asyncError) = 0;
+  // ncclCommFinalize (NCCL 2.14 and later; hasCommFinalize says whether this
+  // NCCL has it): flushes the communicator's work and ends it with its peers,
+  // so that commDestroy then frees only local resources. A non-blocking
+  // communicator answers kNcclInProgress until commGetAsyncError stops
+  // answering it (Note [Tearing a communicator down] in nccl_executor.cc).
+  virtual bool hasCommFinalize() { return false; }
+  virtual NcclResult commFinalize(NcclComm comm) {
+    (void)comm;
+    return kNcclInvalidUsage;
+  }
 
   // The calling thread's group (NCCL's group state is per thread).
   virtual NcclResult groupStart() = 0;

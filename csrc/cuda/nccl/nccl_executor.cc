@@ -161,6 +161,73 @@ void checkOp(const NcclApi& nccl, const NcclOp& op, int rank, int size) {
   if (isReduction(op.kind)) ncclReductionFor(op.dtype, op.redop, op.count, name, rank);
 }
 
+// Note [Tearing a communicator down]
+// NCCL 2.14 split teardown in two: ncclCommFinalize flushes the
+// communicator's work and ends it with its peers; ncclCommDestroy then only
+// frees local resources. A destroy without a finalize does the finalize's
+// part itself, blocking and unbounded: a peer that died or hangs leaves the
+// caller (a destructor, at exit) waiting forever. So braid does as
+// ProcessGroupNCCL's NCCLComm does: finalize; wait for it, polling
+// ncclCommGetAsyncError (braid's communicators are non-blocking) until it
+// stops answering kNcclInProgress, at most the group's timeout capped at
+// kFinalizeBound; then destroy. An error, or the bound passed, aborts the
+// communicator instead (ncclCommAbort ends whatever it waits for). A group
+// that failed was aborted already, and aborts again here. An NcclApi without
+// ncclCommFinalize (NCCL before 2.14; braid's same-GPU collectives, whose
+// destroy is bounded itself) is destroyed directly. (With
+// Options::blockingComm, a debugging mode, the finalize blocks inside NCCL.)
+// The wait holds callMu, so an abort() from another thread meanwhile gives
+// up on the lock after its second; the bound still ends the wait.
+constexpr std::chrono::seconds kFinalizeBound{10};
+
+// Releases `comm` (of `device`) as the note says; logs what went wrong,
+// never throws.
+void releaseComm(NcclExecutorState& s, int device, NcclComm comm, bool failed) {
+  const int rank = s.opt.rank;
+  auto warn = [&](const std::string& what) {
+    BRAID_LOG(kWarn, "nccl", rank) << "releasing the NCCL communicator of device " << device
+                                   << ": " << what;
+  };
+  auto abort = [&] {
+    const NcclResult r = s.nccl.commAbort(comm);
+    if (r != kNcclSuccess) warn(strCat("ncclCommAbort: ", ncclResultName(r)));
+  };
+  if (failed) return abort();
+  if (s.nccl.hasCommFinalize()) {
+    std::string problem;
+    const NcclResult r = s.nccl.commFinalize(comm);
+    if (r != kNcclSuccess && r != kNcclInProgress) {
+      problem = strCat("ncclCommFinalize: ", ncclResultName(r), " (", s.nccl.getErrorString(r),
+                       ")");
+    }
+    const auto bound = std::min<std::chrono::milliseconds>(s.opt.timeout, kFinalizeBound);
+    const auto deadline = Clock::now() + bound;
+    auto sleep = std::chrono::microseconds(20);
+    while (problem.empty()) {
+      NcclResult err = kNcclSuccess;
+      const NcclResult q = s.nccl.commGetAsyncError(comm, &err);
+      if (q != kNcclSuccess) err = q;
+      if (err == kNcclSuccess) break;
+      if (err != kNcclInProgress) {
+        problem = strCat("ncclCommFinalize: NCCL reported ", ncclResultName(err), " (",
+                         s.nccl.getErrorString(err), ")");
+      } else if (Clock::now() >= deadline) {
+        problem = strCat("ncclCommFinalize still in progress after ", bound.count(),
+                         " ms (a peer died or hangs?)");
+      } else {
+        std::this_thread::sleep_for(sleep);
+        sleep = std::min(sleep * 2, std::chrono::microseconds(1000));
+      }
+    }
+    if (!problem.empty()) {
+      warn(problem + "; aborting it");
+      return abort();
+    }
+  }
+  const NcclResult r = s.nccl.commDestroy(comm);
+  if (r != kNcclSuccess) warn(strCat("ncclCommDestroy: ", ncclResultName(r)));
+}
+
 }  // namespace
 
 NcclExecutor::NcclExecutor(NcclApi& nccl, DeviceApi& device, transport::Store& store,
@@ -534,13 +601,9 @@ void NcclExecutor::shutdown(std::chrono::milliseconds drain) {
     if (lock.try_lock_for(std::chrono::seconds(1))) {
       for (auto& kv : s.comms) {
         if (kv.second.comm) {
-          // Idle: destroy. Failed groups were aborted already.
-          NcclResult r =
-              failed ? s.nccl.commAbort(kv.second.comm) : s.nccl.commDestroy(kv.second.comm);
-          if (r != kNcclSuccess) {
-            BRAID_LOG(kWarn, "nccl", s.opt.rank) << "releasing the NCCL communicator of device "
-                                                 << kv.first << ": " << ncclResultName(r);
-          }
+          // Idle: finalize and destroy, bounded (Note [Tearing a communicator
+          // down]). Failed groups were aborted already.
+          releaseComm(s, kv.first, kv.second.comm, failed);
           kv.second.comm = nullptr;
         }
         if (kv.second.stream) streams.push_back(kv.second.stream);

@@ -173,7 +173,8 @@ class NcclExecutor {
   // SimulatedNccl with simulatedDevice()); both and `store` must outlive
   // this executor.
   NcclExecutor(NcclApi& nccl, DeviceApi& device, transport::Store& store, Options options);
-  // shutdown(0): destroys what is idle, aborts what is still running.
+  // shutdown(0): finalizes and destroys what is idle, aborts what is still
+  // running.
   ~NcclExecutor();
   NcclExecutor(const NcclExecutor&) = delete;
   NcclExecutor& operator=(const NcclExecutor&) = delete;
@@ -192,9 +193,12 @@ class NcclExecutor {
   // Fails every pending op with PeerLostError carrying `why`, aborts every
   // communicator, and fails every later run(). Any thread; returns promptly.
   void abort(const std::string& why);
-  // No more run(); waits up to `drain` for pending ops, then destroys the
-  // communicators (aborts them if ops are still pending or failed) and the
-  // comm streams. Idempotent; returns within about `drain` plus a second.
+  // No more run(); waits up to `drain` for pending ops, then finalizes and
+  // destroys the communicators (aborts them if ops are still pending or
+  // failed, or the finalize fails or outlasts its bound: Note [Tearing a
+  // communicator down] in nccl_executor.cc) and the comm streams.
+  // Idempotent; returns within about `drain` plus the finalize's bound (the
+  // timeout, at most 10 s) plus a second.
   void shutdown(std::chrono::milliseconds drain);
   void shutdown();  // drain: the timeout
 

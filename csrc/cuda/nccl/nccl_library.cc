@@ -69,6 +69,7 @@ struct Fns {
   int (*CommDestroy)(NcclComm);
   int (*CommAbort)(NcclComm);
   int (*CommGetAsyncError)(NcclComm, int*);
+  int (*CommFinalize)(NcclComm);  // optional: NCCL 2.14 and later
   int (*GroupStart)();
   int (*GroupEnd)();
   int (*AllReduce)(const void*, void*, size_t, int, int, NcclComm, Stream_);
@@ -110,6 +111,10 @@ class LoadedNccl : public NcclApi {
   }
   NcclResult commDestroy(NcclComm comm) override { return R(f_.CommDestroy(comm)); }
   NcclResult commAbort(NcclComm comm) override { return R(f_.CommAbort(comm)); }
+  bool hasCommFinalize() override { return f_.CommFinalize != nullptr; }
+  NcclResult commFinalize(NcclComm comm) override {
+    return f_.CommFinalize ? R(f_.CommFinalize(comm)) : kNcclInvalidUsage;
+  }
   NcclResult commGetAsyncError(NcclComm comm, NcclResult* err) override {
     int e = kNcclSuccess;
     NcclResult r = R(f_.CommGetAsyncError(comm, &e));
@@ -223,6 +228,8 @@ NcclApi* load() {
   resolve(h, "ncclCommDestroy", &f.CommDestroy, lib);
   resolve(h, "ncclCommAbort", &f.CommAbort, lib);
   resolve(h, "ncclCommGetAsyncError", &f.CommGetAsyncError, lib);
+  // Optional: without it a communicator is destroyed without finalizing.
+  f.CommFinalize = reinterpret_cast<int (*)(NcclComm)>(dlsym(h, "ncclCommFinalize"));
   resolve(h, "ncclGroupStart", &f.GroupStart, lib);
   resolve(h, "ncclGroupEnd", &f.GroupEnd, lib);
   resolve(h, "ncclAllReduce", &f.AllReduce, lib);

@@ -273,11 +273,15 @@ class SameGpu final : public NcclApi {
   }
 
   // dst <- `count` elements at `src`, scaled by `premul` (0: not), in stream order.
-  void copyIn(DataType t, void* dst, const void* src, size_t count, double premul, Stream s) {
+  void copyIn(const Comm& c, DataType t, void* dst, const void* src, size_t count, double premul,
+              Stream s) {
     if (count == 0) return;
     if (premul != 0) {
       const void* srcs[] = {src};
-      dev_.reduceMultiAsync(t, ReduceOp::kSum, dst, srcs, 1, 1.0 / premul, count, s);
+      // `s` is the caller's (torch's) stream: its device is the comm's (Note
+      // [A stream's device] in cuda/cuda_runtime.cc).
+      dev_.reduceMultiAsyncOn(c.device(), t, ReduceOp::kSum, dst, srcs, 1, 1.0 / premul, count,
+                              s);
     } else {
       dev_.memcpyAsync(dst, src, count * elementSize(t), s);
     }
@@ -295,12 +299,13 @@ class SameGpu final : public NcclApi {
       // Note [Same-GPU small messages]: one barrier, one kernel over the
       // whole message from every rank's half, in rank order (the bits of
       // the sliced path: the same kernel body over the same sources).
-      copyIn(t, c.half(r), send, count, premul, s);
+      copyIn(c, t, c.half(r), send, count, premul, s);
       check(c.barrier(s));
       if (root < 0 || root == r) {
         std::vector<const void*> srcs(n);
         for (int q = 0; q < n; ++q) srcs[q] = c.half(q);
-        dev_.reduceMultiAsync(t, red.op, recv, srcs.data(), n, red.divisor, count, s);
+        dev_.reduceMultiAsyncOn(c.device(), t, red.op, recv, srcs.data(), n, red.divisor, count,
+                                s);
       }
       c.nextHalf();
       return;
@@ -313,14 +318,15 @@ class SameGpu final : public NcclApi {
         *b = std::min(len, q * per);
         return std::min(len, (q + 1) * per) - *b;
       };
-      copyIn(t, c.half(r), static_cast<const char*>(send) + off * es, len, premul, s);
+      copyIn(c, t, c.half(r), static_cast<const char*>(send) + off * es, len, premul, s);
       check(c.barrier(s));
       size_t b;
       const size_t mine = slice(r, &b);
       if (mine > 0) {
         std::vector<const void*> srcs(n);
         for (int q = 0; q < n; ++q) srcs[q] = c.half(q) + b * es;
-        dev_.reduceMultiAsync(t, red.op, c.half(r) + b * es, srcs.data(), n, red.divisor, mine, s);
+        dev_.reduceMultiAsyncOn(c.device(), t, red.op, c.half(r) + b * es, srcs.data(), n,
+                                red.divisor, mine, s);
       }
       check(c.barrier(s));
       if (root < 0 || root == r) {
@@ -471,13 +477,13 @@ class SameGpu final : public NcclApi {
     for (size_t off = 0; off < count; off += chunk) {
       const size_t len = std::min(chunk, count - off);
       for (int q = 0; q < n; ++q) {
-        copyIn(t, c.half(r) + q * len * es,
+        copyIn(c, t, c.half(r) + q * len * es,
                static_cast<const char*>(send) + (q * count + off) * es, len, premul, s);
       }
       check(c.barrier(s));
       for (int q = 0; q < n; ++q) srcs[q] = c.half(q) + r * len * es;
-      dev_.reduceMultiAsync(t, red.op, static_cast<char*>(recv) + off * es, srcs.data(), n,
-                            red.divisor, len, s);
+      dev_.reduceMultiAsyncOn(c.device(), t, red.op, static_cast<char*>(recv) + off * es,
+                              srcs.data(), n, red.divisor, len, s);
       c.nextHalf();
     }
   }

@@ -59,6 +59,7 @@ class Comm {
 
   int rank() const { return rank_; }
   int size() const { return n_; }
+  int device() const { return device_; }
   size_t halfBytes() const { return halfBytes_; }
   // Reductions of at most this many bytes (and at most a half) run in one
   // barrier and one kernel (Note [Same-GPU small messages] in same_gpu.h).

@@ -6,7 +6,9 @@
 #include <torch/extension.h>
 
 #include "python/testing_hooks.h"
+#include "sim/device/faulty_device.h"
 #include "sim/device/sim_device.h"
+#include "sim/nccl/faulty_nccl.h"
 #include "sim/nccl/nccl_sim.h"
 #include "sim/nccl/same_gpu_as_nccl.h"
 #include "sim/torch/sim_cuda.h"
@@ -33,6 +35,22 @@ const braid::TestingHooks& hooks() {
     return t;
   }();
   return *table;
+}
+
+// The installed device wrapped for injected failures (faults_install), or null.
+braid::cuda::FaultyDevice* gFaulty = nullptr;
+
+braid::cuda::FaultyDevice& faulty() {
+  if (!gFaulty) throw std::runtime_error("braid_sim: call faults_install() first");
+  return *gFaulty;
+}
+
+// The simulated NCCL wrapped for injected failures (nccl_faults_install), or null.
+braid::cuda::FaultyNccl* gFaultyNccl = nullptr;
+
+braid::cuda::FaultyNccl& faultyNccl() {
+  if (!gFaultyNccl) throw std::runtime_error("braid_sim: call nccl_faults_install() first");
+  return *gFaultyNccl;
 }
 
 }  // namespace
@@ -111,6 +129,93 @@ PYBIND11_MODULE(_C, m) {
       "this process: its communicators meet in-process), or with cross_process braid's "
       "same-GPU collectives standing in for it (ranks may be processes; used between the "
       "GPUs' leaders of the multi-GPU collectives).");
+  // Note [Injected device failures] in tests/sim/device/faulty_device.h.
+  m.def(
+      "faults_install",
+      [] {
+        // Process lifetime, as the simulated device it wraps.
+        if (!gFaulty) gFaulty = new braid::cuda::FaultyDevice(braid::sim::device());
+        hooks().setDeviceApi(gFaulty);
+      },
+      "Serve CUDA tensors with the installed simulated device wrapped so that "
+      "inject_device_fault can make braid's device calls fail.");
+  m.def(
+      "inject_device_fault",
+      [](const std::string& call, int nth, bool every, bool sticky, int code,
+         const std::string& name, const std::string& message) {
+        braid::cuda::DeviceFault f;
+        f.call = call;
+        f.nth = nth;
+        f.every = every;
+        f.sticky = sticky;
+        f.code = code;
+        f.errorName = name;
+        f.message = message;
+        faulty().inject(f);
+      },
+      py::arg("call"), py::arg("nth") = 1, py::arg("every") = false, py::arg("sticky") = false,
+      py::arg("code") = 700, py::arg("name") = "cudaErrorIllegalAddress",
+      py::arg("message") = "an illegal memory access was encountered",
+      "The nth call (from now) of the DeviceApi call `call` ('hostFree', ...; '*': any) fails "
+      "with CUDA's error, and every later one with `every`; `sticky`: every later call of any "
+      "kind too (a corrupt context).");
+  m.def("clear_device_faults", [] { faulty().clear(); });
+  m.def("device_failures", [] { return faulty().failures(); },
+        "Device calls failed by injection so far.");
+  // Note [Injected NCCL failures] in tests/sim/nccl/faulty_nccl.h.
+  m.def(
+      "nccl_faults_install",
+      [] {
+        // Process lifetime, as nccl_install's simulated NCCL.
+        if (!gFaultyNccl) {
+          static auto* nccl = new braid::cuda::SimulatedNccl(braid::sim::device());
+          gFaultyNccl = new braid::cuda::FaultyNccl(*nccl);
+        }
+        hooks().setNcclApi(gFaultyNccl);
+      },
+      "As nccl_install(), with the simulated NCCL wrapped so that inject_nccl_fault, "
+      "nccl_async_error and nccl_hang_finalize can make its calls fail.");
+  m.def(
+      "inject_nccl_fault",
+      [](const std::string& call, int nth, bool every, bool sticky, int result,
+         const std::string& text) {
+        braid::cuda::NcclFault f;
+        f.call = call;
+        f.nth = nth;
+        f.every = every;
+        f.sticky = sticky;
+        f.result = static_cast<braid::cuda::NcclResult>(result);
+        f.text = text;
+        faultyNccl().inject(f);
+      },
+      py::arg("call"), py::arg("nth") = 1, py::arg("every") = false, py::arg("sticky") = false,
+      py::arg("result") = static_cast<int>(braid::cuda::kNcclSystemError),
+      py::arg("text") = "injected: a NIC went away",
+      "The nth call (from now) of the NcclApi call `call` ('allReduce', 'commFinalize', ...; "
+      "'*': any) answers `result` (an ncclResult_t), every later one with `every`; `sticky`: "
+      "every later call of any kind too.");
+  m.def(
+      "nccl_async_error",
+      [](int result, const std::string& text) {
+        faultyNccl().asyncError(static_cast<braid::cuda::NcclResult>(result), text);
+      },
+      py::arg("result"), py::arg("text"),
+      "From now on ncclCommGetAsyncError reports `result` on every communicator.");
+  m.def(
+      "nccl_hang_finalize", [](int64_t destroyHangMs) {
+        faultyNccl().hangFinalize(std::chrono::milliseconds(destroyHangMs));
+      },
+      py::arg("destroy_hang_ms") = 20000,
+      "A dead peer: finalizes never complete, and a destroy without one blocks that long.");
+  m.def("clear_nccl_faults", [] { faultyNccl().clear(); });
+  m.def(
+      "nccl_teardown",
+      [] {
+        std::vector<std::string> calls;
+        for (const auto& t : faultyNccl().teardown()) calls.push_back(t.call);
+        return calls;
+      },
+      "The commFinalize, commDestroy and commAbort calls made so far, in order.");
   m.def(
       "delay_comm_stream",
       [](py::object group, int64_t us) {
