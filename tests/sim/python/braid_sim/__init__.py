@@ -13,7 +13,8 @@ import torch
 import torch_braid  # noqa: F401  (loads torch_braid._C, whose testing hooks _C uses)
 
 from . import _C
-from ._C import delay_comm_stream, delay_current_stream, empty, nccl_install, read, write  # noqa: F401
+from ._C import (contexts, delay_comm_stream, delay_current_stream, empty,  # noqa: F401
+                 forget_contexts, nccl_install, read, write)
 
 _installed = 0
 
@@ -25,16 +26,15 @@ def install(devices: int = 2) -> None:
         return
     _installed = devices
     cuda = torch.cuda
-    current = [0]
 
     def set_device(device) -> None:
         index = torch.device("cuda", device).index if isinstance(device, int) else \
             torch.device(device).index
         if index is None or not 0 <= index < devices:
             raise ValueError(f"simulated CUDA: no device {device!r} (it has {devices})")
-        current[0] = index
-        # The C++ side's current device is per thread; the tensors' device
-        # guard sets it where an op needs it.
+        # The calling thread's, as cudaSetDevice: it makes the device's context
+        # (Note [Simulated contexts] in tests/sim/device/sim_device.h).
+        _C.set_device(index)
 
     # Moving a tensor to "cuda" first calls torch.cuda._lazy_init, which a torch
     # without CUDA answers with "Torch not compiled with CUDA enabled".
@@ -42,5 +42,5 @@ def install(devices: int = 2) -> None:
     # torch 2.14's dist.broadcast asks for a CUDA tensor's compute capability.
     cuda.get_device_capability = lambda device=None: (8, 0)
     cuda.device_count = lambda: devices
-    cuda.current_device = lambda: current[0]
+    cuda.current_device = _C.current_device
     cuda.set_device = set_device
