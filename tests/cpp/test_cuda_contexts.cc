@@ -1,7 +1,8 @@
 // A current device per thread, a context per process and device (Note [A
 // current device per thread] in csrc/cuda/on_device.h, Note [Simulated
 // contexts] in tests/sim/device/sim_device.h): the simulated device's rules,
-// and a deliberately wrong use that they catch.
+// a deliberately wrong use that they catch, and braid's executors on threads
+// that never set a device, which must leave no context on device 0.
 //
 // Contexts are per process, so each case starts from none (forgetContexts)
 // and runs its CUDA calls on fresh threads, whose device was never set, with
@@ -14,6 +15,8 @@
 #include <vector>
 
 #include "cuda/on_device.h"
+#include "cuda/staged.h"
+#include "memory_store.h"
 #include "nccl_sim_ranks.h"
 #include "sim/device/sim_device.h"
 
@@ -121,6 +124,86 @@ TEST(CudaContexts, OnDeviceRestoresNoDeviceWithoutMakingAContext) {
     EXPECT_EQ(dev().getDevice(), 2);
   });
   EXPECT_EQ(dev().contexts(), (Contexts{1, 2}));
+}
+
+// The staged executor's op on a worker thread that never set its device.
+TEST(CudaContexts, StagedOpOnAFreshWorkerLeavesDevice0Alone) {
+  static constexpr int kDevice = 1;
+  static constexpr size_t kBytes = 256;
+  dev().forgetContexts();
+  Stream comm = nullptr;
+  void* buf = nullptr;
+  void* pinned = nullptr;
+  std::vector<Event> pool;  // the events, made in advance as CudaContext's pool has them
+  onFreshThread([&] {  // the caller, on its device
+    dev().setDevice(kDevice);
+    comm = dev().streamCreate(kDevice);
+    buf = dev().deviceAlloc(kDevice, kBytes);
+    pinned = dev().hostAlloc(kBytes);
+    for (int i = 0; i < 4; ++i) pool.push_back(dev().eventCreate(kDevice));
+  });
+  std::vector<Event> idle = pool;
+  onFreshThread([&] {  // the worker
+    StagedOp::Env env;
+    env.api = &dev();
+    env.device = kDevice;
+    env.comm = comm;
+    env.event = [&idle] {
+      Event e = idle.back();
+      idle.pop_back();
+      return SharedEvent(e, [](void*) {});
+    };
+    StagedOp op(std::move(env));
+    op.stageIn(pinned, buf, kBytes);
+    op.run([&] { op.copyBack(buf, pinned, kBytes); },
+           [](Event e) { dev().eventSynchronize(e); });
+    EXPECT_TRUE(op.ended());
+  });
+  onFreshThread([&] {
+    dev().setDevice(kDevice);
+    for (Event e : pool) dev().eventDestroy(e);
+    dev().hostFree(pinned);
+    dev().deviceFree(buf);
+    dev().streamDestroy(comm);
+  });
+  EXPECT_EQ(dev().contexts(), Contexts{kDevice});
+}
+
+// The NCCL executor: two ranks (threads that set their device, as a user's
+// do) on device 1; its watchdog, a thread of its own, queries the ops' end
+// events, and an abort from a third thread aborts the communicators.
+TEST(CudaContexts, NcclExecutorWatchdogAndAbortLeaveDevice0Alone) {
+  using testing::DeviceBuffer;
+  using testing::op;
+  using testing::options;
+  constexpr int kDevice = 1, kRanks = 2;
+  constexpr size_t kCount = 33;
+  dev().forgetContexts();
+  SimulatedNccl sim(dev());
+  braid::testing::MemoryStore store;
+  std::vector<std::thread> ranks;
+  for (int r = 0; r < kRanks; ++r) {
+    ranks.emplace_back([&, r] {
+      dev().setDevice(kDevice);
+      NcclExecutor ex(sim, dev(), store, options(r, kRanks));
+      DeviceBuffer in(DataType::kFloat32, kCount, kDevice), out(DataType::kFloat32, kCount,
+                                                                 kDevice);
+      for (size_t i = 0; i < kCount; ++i) in.set(i, r + 1.0);
+      for (int k = 0; k < 3; ++k) {
+        NcclOp o = op(NcclOpKind::kAllreduce, in.p, out.p, kCount, DataType::kFloat32);
+        o.device = kDevice;
+        auto w = ex.run(o);
+        // The watchdog polls every pending op as soon as it is listed.
+        std::this_thread::sleep_for(std::chrono::milliseconds(20));
+        w->wait();
+        for (size_t i = 0; i < kCount; ++i) ASSERT_EQ(out.get(i), 3.0) << i;
+      }
+      std::thread([&] { ex.abort("the test aborts"); }).join();
+      ex.shutdown();
+    });
+  }
+  for (auto& t : ranks) t.join();
+  EXPECT_EQ(dev().contexts(), Contexts{kDevice});
 }
 
 }  // namespace

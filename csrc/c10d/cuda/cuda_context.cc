@@ -2,6 +2,7 @@
 
 #include <c10/core/impl/VirtualGuardImpl.h>
 
+#include <optional>
 #include <thread>
 
 #include "common/error.h"
@@ -10,6 +11,7 @@
 #include "cuda/shared_gpu/multi_gpu.h"
 #include "cuda/nccl/nccl_api.h"
 #include "cuda/nccl/nccl_executor.h"
+#include "cuda/on_device.h"
 #include "cuda/shared_gpu/same_gpu.h"
 
 namespace braid {
@@ -115,6 +117,14 @@ CudaContext::CudaContext(const CudaGroupInfo& group, c10::Device device)
 }
 
 CudaContext::~CudaContext() {
+  // Whichever thread drops the context last (Note [A current device per
+  // thread] in cuda/on_device.h).
+  std::optional<cuda::OnDevice> on;
+  try {
+    on.emplace(api_, device_.index());
+  } catch (...) {
+    // A failed device: the calls below report it, or are skipped.
+  }
   shutdownNccl(false);
   // Nothing may still read or write memory that is about to go: the comm
   // stream drains (each op on it ended by its deadline or failed), then the
