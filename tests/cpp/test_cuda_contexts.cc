@@ -171,8 +171,10 @@ TEST(CudaContexts, StagedOpOnAFreshWorkerLeavesDevice0Alone) {
 
 // The NCCL executor: two ranks (threads that set their device, as a user's
 // do) on device 1; its watchdog, a thread of its own, queries the ops' end
-// events, and an abort from a third thread aborts the communicators.
-TEST(CudaContexts, NcclExecutorWatchdogAndAbortLeaveDevice0Alone) {
+// events. Then an abort, or a shutdown, from a thread that never set its
+// device (the simulated NCCL switches to the communicator's device and back
+// with a plain set, as NCCL's teardown does).
+void ncclOpsThen(bool abort) {
   using testing::DeviceBuffer;
   using testing::op;
   using testing::options;
@@ -198,13 +200,18 @@ TEST(CudaContexts, NcclExecutorWatchdogAndAbortLeaveDevice0Alone) {
         w->wait();
         for (size_t i = 0; i < kCount; ++i) ASSERT_EQ(out.get(i), 3.0) << i;
       }
-      std::thread([&] { ex.abort("the test aborts"); }).join();
-      ex.shutdown();
+      std::thread([&] {
+        if (abort) ex.abort("the test aborts");
+        ex.shutdown();
+      }).join();
     });
   }
   for (auto& t : ranks) t.join();
   EXPECT_EQ(dev().contexts(), Contexts{kDevice});
 }
+
+TEST(CudaContexts, NcclExecutorWatchdogAndAbortLeaveDevice0Alone) { ncclOpsThen(true); }
+TEST(CudaContexts, NcclExecutorShutdownLeavesDevice0Alone) { ncclOpsThen(false); }
 
 }  // namespace
 }  // namespace cuda
