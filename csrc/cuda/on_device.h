@@ -29,6 +29,8 @@
 // sim_device.h).
 #pragma once
 
+#include <new>
+
 #include "cuda/device_api.h"
 
 namespace braid {
@@ -36,10 +38,14 @@ namespace cuda {
 
 class OnDevice {
  public:
-  OnDevice(DeviceApi& api, int device) : api_(api), prev_(api.getDevice()) {
-    if (prev_ != device) {
-      api_.setDevice(device);
-      switched_ = true;
+  // Throws what getDevice or setDevice throws.
+  OnDevice(DeviceApi& api, int device) : api_(api) { switchTo(device); }
+  // For teardown, which must not throw: a failed switch leaves the thread as
+  // it was, and the calls that follow report the bad device.
+  OnDevice(DeviceApi& api, int device, std::nothrow_t) noexcept : api_(api) {
+    try {
+      switchTo(device);
+    } catch (...) {
     }
   }
   ~OnDevice() {
@@ -56,8 +62,16 @@ class OnDevice {
   OnDevice& operator=(const OnDevice&) = delete;
 
  private:
+  void switchTo(int device) {
+    prev_ = api_.getDevice();
+    if (prev_ != device) {
+      api_.setDevice(device);
+      switched_ = true;
+    }
+  }
+
   DeviceApi& api_;
-  const int prev_;
+  int prev_ = 0;
   bool switched_ = false;
 };
 

@@ -135,7 +135,7 @@ TEST(CudaContexts, StagedOpOnAFreshWorkerLeavesDevice0Alone) {
   void* buf = nullptr;
   void* pinned = nullptr;
   std::vector<Event> pool;  // the events, made in advance as CudaContext's pool has them
-  onFreshThread([&] {  // the caller, on its device
+  onFreshThread([&] {       // the caller, on its device
     dev().setDevice(kDevice);
     comm = dev().streamCreate(kDevice);
     buf = dev().deviceAlloc(kDevice, kBytes);
@@ -155,8 +155,7 @@ TEST(CudaContexts, StagedOpOnAFreshWorkerLeavesDevice0Alone) {
     };
     StagedOp op(std::move(env));
     op.stageIn(pinned, buf, kBytes);
-    op.run([&] { op.copyBack(buf, pinned, kBytes); },
-           [](Event e) { dev().eventSynchronize(e); });
+    op.run([&] { op.copyBack(buf, pinned, kBytes); }, [](Event e) { dev().eventSynchronize(e); });
     EXPECT_TRUE(op.ended());
   });
   onFreshThread([&] {
@@ -188,8 +187,8 @@ void ncclOpsThen(bool abort) {
     ranks.emplace_back([&, r] {
       dev().setDevice(kDevice);
       NcclExecutor ex(sim, dev(), store, options(r, kRanks));
-      DeviceBuffer in(DataType::kFloat32, kCount, kDevice), out(DataType::kFloat32, kCount,
-                                                                 kDevice);
+      DeviceBuffer in(DataType::kFloat32, kCount, kDevice),
+          out(DataType::kFloat32, kCount, kDevice);
       for (size_t i = 0; i < kCount; ++i) in.set(i, r + 1.0);
       for (int k = 0; k < 3; ++k) {
         NcclOp o = op(NcclOpKind::kAllreduce, in.p, out.p, kCount, DataType::kFloat32);

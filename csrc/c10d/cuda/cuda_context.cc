@@ -2,7 +2,6 @@
 
 #include <c10/core/impl/VirtualGuardImpl.h>
 
-#include <optional>
 #include <thread>
 
 #include "common/error.h"
@@ -119,12 +118,7 @@ CudaContext::CudaContext(const CudaGroupInfo& group, c10::Device device)
 CudaContext::~CudaContext() {
   // Whichever thread drops the context last (Note [A current device per
   // thread] in cuda/on_device.h).
-  std::optional<cuda::OnDevice> on;
-  try {
-    on.emplace(api_, device_.index());
-  } catch (...) {
-    // A failed device: the calls below report it, or are skipped.
-  }
+  cuda::OnDevice on(api_, device_.index(), std::nothrow);
   shutdownNccl(false);
   // Nothing may still read or write memory that is about to go: the comm
   // stream drains (each op on it ended by its deadline or failed), then the

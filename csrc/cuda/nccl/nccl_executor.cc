@@ -522,7 +522,7 @@ void NcclExecutor::shutdown(std::chrono::milliseconds drain) {
     std::unique_lock<TimedLock> lock(s.callMu, std::defer_lock);
     if (lock.try_lock_for(std::chrono::seconds(1))) {
       for (auto& kv : s.comms) {
-        OnDevice on(s.dev, kv.first);  // Note [A current device per thread]
+        OnDevice on(s.dev, kv.first, std::nothrow);  // Note [A current device per thread]
         if (kv.second.comm) {
           // Idle: destroy. Failed groups were aborted already.
           NcclResult r =
@@ -540,7 +540,7 @@ void NcclExecutor::shutdown(std::chrono::milliseconds drain) {
   }
   for (const auto& ds : streams) {
     try {
-      OnDevice on(s.dev, ds.first);
+      OnDevice on(s.dev, ds.first, std::nothrow);
       s.dev.streamDestroy(ds.second);
     } catch (const std::exception& e) {
       BRAID_LOG(kWarn, "nccl", s.opt.rank) << "destroying a comm stream: " << e.what();

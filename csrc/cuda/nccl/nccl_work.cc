@@ -230,7 +230,7 @@ void NcclExecutorState::abortComms() {
     if (!kv.second.comm) continue;
     // ncclCommAbort switches to the communicator's device and back to the
     // thread's with a plain set (Note [A current device per thread]).
-    OnDevice on(dev, kv.first);
+    OnDevice on(dev, kv.first, std::nothrow);
     NcclResult r = nccl.commAbort(kv.second.comm);
     if (r != kNcclSuccess) {
       BRAID_LOG(kWarn, "nccl", opt.rank)
