@@ -4,9 +4,12 @@
 #include <c10/core/impl/VirtualGuardImpl.h>
 
 #include <algorithm>
+#include <optional>
 
+#include "c10d/cuda/cuda_context.h"
 #include "common/cpu_relax.h"
 #include "common/error.h"
+#include "cuda/on_device.h"
 
 namespace braid {
 
@@ -27,6 +30,10 @@ void WorkBraid::setCuda(std::shared_ptr<void> end, c10::Stream futureStream, boo
 
 void WorkBraid::blockCurrentStream() {
   if (!cudaEnd_) return;
+  // torch's block switches back to the thread's device with a plain set:
+  // the stream's device is made current first (Note [A current device per
+  // thread] in cuda/on_device.h).
+  cuda::OnDevice on(cudaApi(), futureStream_->device_index());
   c10::impl::VirtualGuardImpl impl(c10::DeviceType::CUDA);
   impl.block(cudaEnd_.get(), impl.getStream(futureStream_->device()));
 }
@@ -37,8 +44,16 @@ void WorkBraid::markDone(std::exception_ptr error, int sourceRank) {
   if (done_.exchange(true)) return;
   sourceRank_.store(sourceRank);
   error = compat::asTorchError(error);
+  // A worker, the NCCL watchdog or a point-to-point thread, whose device may
+  // never have been set: torch's block, the stream guard and the Future's
+  // event records each restore the thread's device with a plain set, which
+  // on such a thread would create device 0's context. The future stream's
+  // device is made current first, and stays so past them (Note [A current
+  // device per thread] in cuda/on_device.h).
+  std::optional<cuda::OnDevice> onDevice;
   c10::OptionalStreamGuard onFutureStream;
   if (cudaEnd_ && !error) {
+    onDevice.emplace(cudaApi(), futureStream_->device_index());
     // The Future records its own events on the stream current here: make
     // that one follow the op's end event.
     c10::impl::VirtualGuardImpl impl(c10::DeviceType::CUDA);

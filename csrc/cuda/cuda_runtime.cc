@@ -15,7 +15,8 @@
 // - The other calls take a stream or event, whose device CUDA knows; they do
 //   not change the current device. A thread that makes them (a worker thread
 //   especially) should call setDevice(device) first, so that CUDA has no
-//   reason to initialize device 0 on it.
+//   reason to initialize device 0 on it (Note [A current device per thread]
+//   in cuda/on_device.h).
 // - deviceUuid, deviceCount and computeCapability need no current device.
 //
 // Note [A stream's device]
@@ -93,6 +94,9 @@ class CudaRuntime final : public DeviceApi {
   }
   void setDevice(int device) override {
     BRAID_CUDART(f_.setDevice(device), "cudaSetDevice(", device, ")");
+  }
+  bool primaryContextActive(int device) override {
+    return rt::primaryContextMayExist(r_, device);
   }
 
   std::string deviceUuid(int device) override {

@@ -45,8 +45,18 @@ class DeviceApi {
   virtual bool simulated() const = 0;
 
   virtual int deviceCount() = 0;
+  // The calling thread's current device; 0 on a thread that never set one
+  // (and asking creates no context). Note [A current device per thread] in
+  // cuda/on_device.h.
   virtual int getDevice() = 0;
+  // Makes `device` current on the calling thread, creating its primary
+  // context in this process if it has none (CUDA 12+).
   virtual void setDevice(int device) = 0;
+  // Whether this process has `device`'s primary context (the driver's
+  // cuDevicePrimaryCtxGetState); creates nothing. true also when the driver
+  // cannot be asked, so that a caller only ever skips a switch it knows
+  // would create a context.
+  virtual bool primaryContextActive(int device) = 0;
   // A stable identity of the physical device, the same in every process on
   // the host that sees it (cudaDeviceProp::uuid as 32 hex digits; the
   // simulated device: "sim-<boot id>-<device>"). Ranks that share a GPU have

@@ -3,33 +3,11 @@
 #include <exception>
 #include <utility>
 
+#include "cuda/on_device.h"
+
 namespace braid {
 namespace cuda {
 
-namespace {
-// The worker (or a caller running the job itself, Note [Running a job on the
-// waiting thread]) issues device calls on the op's device, and gives the
-// thread its own device back after.
-class DeviceSwitch {
- public:
-  DeviceSwitch(DeviceApi& api, int device) : api_(api), prev_(api.getDevice()) {
-    if (prev_ != device) api_.setDevice(device);
-    switched_ = prev_ != device;
-  }
-  ~DeviceSwitch() {
-    if (!switched_) return;
-    try {
-      api_.setDevice(prev_);
-    } catch (...) {
-    }
-  }
-
- private:
-  DeviceApi& api_;
-  int prev_;
-  bool switched_ = false;
-};
-}  // namespace
 
 StagedCounts StagedCounters::snapshot() const {
   StagedCounts c;
@@ -68,7 +46,10 @@ void StagedOp::before(const HostWait& wait) {
 }
 
 void StagedOp::run(const std::function<void()>& body, const HostWait& wait) {
-  DeviceSwitch on(*env_.api, env_.device);
+  // The worker (or a caller running the job itself, Note [Running a job on the
+  // waiting thread]) issues device calls on the op's device; a worker thread
+  // never set one (Note [A current device per thread] in cuda/on_device.h).
+  OnDevice on(*env_.api, env_.device);
   if (env_.counters) env_.counters->ops_.fetch_add(1, std::memory_order_relaxed);
   std::exception_ptr error;
   try {

@@ -28,6 +28,7 @@
 #include "cuda/cudart.h"
 #include "cuda/device_api.h"
 #include "cuda/host_kernels.h"
+#include "cuda/on_device.h"
 #include "math/reduce.h"
 
 namespace braid {
@@ -168,6 +169,29 @@ TEST(CudaRuntime, KernelsLoadOnEveryDevice) {
     EXPECT_EQ(d.kernelLoadError(i), why);  // remembered
   }
   EXPECT_EQ(d.getDevice(), 0);  // asking about device 1 left the thread on 0
+}
+
+// Note [A current device per thread] in cuda/on_device.h: asking whether a
+// device's primary context exists creates none, and OnDevice on a thread that
+// set no device switches back only to a device that has a context. Runs
+// before any case that uses a device other than 0 (ctest runs each case in a
+// process of its own anyway).
+TEST(CudaRuntime, PrimaryContextQueryCreatesNothing) {
+  BRAID_NEED_GPU();
+  EXPECT_TRUE(d.primaryContextActive(0));  // setDevice(0) made it
+  for (int i = 1; i < d.deviceCount(); ++i) {
+    EXPECT_FALSE(d.primaryContextActive(i)) << i;
+    EXPECT_FALSE(d.primaryContextActive(i)) << i << ": the first query made a context";
+  }
+  if (d.deviceCount() < 2) return;
+  std::thread([&] {
+    {
+      OnDevice on(d, 1);
+      EXPECT_EQ(d.getDevice(), 1);
+    }
+    EXPECT_EQ(d.getDevice(), 0);  // device 0 has a context: back to it
+  }).join();
+  EXPECT_TRUE(d.primaryContextActive(1));
 }
 
 TEST(CudaRuntime, StreamsAndEvents) {

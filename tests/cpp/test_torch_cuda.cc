@@ -374,6 +374,28 @@ TEST_P(CudaBackend, CppDdpTrainsACudaModuleAsOnCpu) {
   }
 }
 
+// Note [A current device per thread] in cuda/on_device.h: the group's
+// workers, watchdog and completions, and its destruction on a thread that
+// never set a device, leave the process no context but its ranks' devices.
+// The ranks are on devices 2 and 3, so that a context on device 0 can only be
+// a leak (Note [Simulated contexts] in tests/sim/device/sim_device.h).
+TEST_P(CudaBackend, NoThreadMakesAContextOnDevice0) {
+  const int n = 2;
+  braid::sim::device().forgetContexts();
+  auto pgs = makeGroup(n);
+  braid_test::onRanks(n, [&](int r) {
+    const int device = 2 + r;
+    c10::impl::VirtualGuardImpl(c10::DeviceType::CUDA)
+        .setDevice(c10::Device(c10::DeviceType::CUDA, device));
+    std::vector<at::Tensor> t{onDevice(at::full({1000}, float(r + 1)), device)};
+    pgs[r]->allreduce(t)->wait();
+    EXPECT_TRUE(braid::sim::read(t[0]).equal(at::full({1000}, 3.f)));
+    EXPECT_EQ(statsOf(*pgs[r]).executor.rfind(GetParam(), 0), 0u) << statsOf(*pgs[r]).executor;
+  });
+  std::thread([&] { pgs.clear(); }).join();  // the groups go where no device was set
+  EXPECT_EQ(braid::sim::device().contexts(), (std::vector<int>{2, 3}));
+}
+
 INSTANTIATE_TEST_SUITE_P(Executors, CudaBackend, ::testing::Values("staged", "nccl"));
 
 // Note [No exception out of teardown] (cuda/teardown.h): after a sticky

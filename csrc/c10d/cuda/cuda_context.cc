@@ -10,6 +10,7 @@
 #include "cuda/shared_gpu/multi_gpu.h"
 #include "cuda/nccl/nccl_api.h"
 #include "cuda/nccl/nccl_executor.h"
+#include "cuda/on_device.h"
 #include "cuda/shared_gpu/same_gpu.h"
 #include "cuda/teardown.h"
 
@@ -124,7 +125,10 @@ CudaContext::CudaContext(const CudaGroupInfo& group, c10::Device device)
 
 CudaContext::~CudaContext() {
   // Nothing here may throw (Note [No exception out of teardown] in
-  // cuda/teardown.h).
+  // cuda/teardown.h), and it runs on the context's device, whichever thread
+  // drops the context last (Note [A current device per thread] in
+  // cuda/on_device.h).
+  cuda::OnDevice on(api_, device_.index(), std::nothrow);
   cuda::ignoreTeardownError("shutting the NCCL executor down (CudaContext)", rank_,
                             [&] { shutdownNccl(false); });
   // Nothing may still read or write memory that is about to go: the comm

@@ -5,10 +5,13 @@
 
 #include <algorithm>
 #include <thread>
+#include <utility>
+#include <vector>
 
 #include "common/error.h"
 #include "common/logging.h"
 #include "cuda/nccl/nccl_executor_state.h"
+#include "cuda/on_device.h"
 
 namespace braid {
 namespace cuda {
@@ -40,24 +43,6 @@ const char* ncclOpName(NcclOpKind k) {
 }
 
 namespace {
-
-// NCCL takes the communicator's device from the calling thread's current one.
-class DeviceGuard {
- public:
-  DeviceGuard(DeviceApi& dev, int device) : dev_(dev), prev_(dev.getDevice()) {
-    if (prev_ != device) dev_.setDevice(device);
-  }
-  ~DeviceGuard() {
-    try {
-      if (dev_.getDevice() != prev_) dev_.setDevice(prev_);
-    } catch (...) {
-    }
-  }
-
- private:
-  DeviceApi& dev_;
-  const int prev_;
-};
 
 bool isReduction(NcclOpKind k) {
   return k == NcclOpKind::kAllreduce || k == NcclOpKind::kReduce || k == NcclOpKind::kReduceScatter;
@@ -364,7 +349,9 @@ DeviceComm ensureComm(NcclExecutorState& s, int device, const char* name) {
     }
     std::copy(bytes.begin(), bytes.end(), id.internal);
   }
-  DeviceGuard guard(s.dev, device);
+  // NCCL takes the communicator's device from the calling thread's current
+  // one (Note [A current device per thread] in cuda/on_device.h).
+  OnDevice guard(s.dev, device);
   Stream stream = s.dev.streamCreate(device);
   NcclComm comm = nullptr;
   // Not under callMu: nobody else can reach a communicator not yet listed.
@@ -528,8 +515,10 @@ std::shared_ptr<NcclWork> NcclExecutor::runGroup(const std::vector<NcclOp>& ops)
                                            toString(first.dtype), " elements on device ", device)
                                : errorText(name, rank, "op ", seq, ", ", ops.size(), " ops from ",
                                            ncclOpName(first.kind), " on device ", device);
-  // No device switch here: eventCreate takes the device, and NCCL switches
-  // to the communicator's device itself while it enqueues.
+  // The op's device is current while it is enqueued, whichever thread this
+  // is: NCCL switches back to the thread's device with a plain set (Note [A
+  // current device per thread] in cuda/on_device.h).
+  OnDevice on(s.dev, device);
   Event end = s.dev.eventCreate(device);
   // The work owns `end` from here. It joins the pending list only once `end`
   // is recorded: an event never recorded counts as complete.
@@ -595,25 +584,27 @@ void NcclExecutor::shutdown(std::chrono::milliseconds drain) {
   }
   s.cv.notify_all();
   if (s.watchdog.joinable()) s.watchdog.join();
-  std::vector<Stream> streams;
+  std::vector<std::pair<int, Stream>> streams;  // device, comm stream
   {
     std::unique_lock<TimedLock> lock(s.callMu, std::defer_lock);
     if (lock.try_lock_for(std::chrono::seconds(1))) {
       for (auto& kv : s.comms) {
+        OnDevice on(s.dev, kv.first, std::nothrow);  // Note [A current device per thread]
         if (kv.second.comm) {
           // Idle: finalize and destroy, bounded (Note [Tearing a communicator
           // down]). Failed groups were aborted already.
           releaseComm(s, kv.first, kv.second.comm, failed);
           kv.second.comm = nullptr;
         }
-        if (kv.second.stream) streams.push_back(kv.second.stream);
+        if (kv.second.stream) streams.emplace_back(kv.first, kv.second.stream);
         kv.second.stream = nullptr;
       }
     }
   }
-  for (Stream st : streams) {
+  for (const auto& ds : streams) {
     try {
-      s.dev.streamDestroy(st);
+      OnDevice on(s.dev, ds.first, std::nothrow);
+      s.dev.streamDestroy(ds.second);
     } catch (const std::exception& e) {
       BRAID_LOG(kWarn, "nccl", s.opt.rank) << "destroying a comm stream: " << e.what();
     }

@@ -26,11 +26,13 @@
 //   itself took about 1 s on NCCL 2.28.9 (H100, one rank), so abort() and a
 //   failing op return within about a second, not at once.
 #include <algorithm>
+#include <optional>
 #include <thread>
 
 #include "common/error.h"
 #include "common/logging.h"
 #include "cuda/nccl/nccl_executor_state.h"
+#include "cuda/on_device.h"
 
 namespace braid {
 namespace cuda {
@@ -150,8 +152,13 @@ bool NcclExecutorState::poll(NcclWork& w) {
     std::lock_guard<std::mutex> lock(mu);
     if (w.resolved_) return true;
   }
+  // The watchdog thread never set a device, and the work's completion
+  // (torch's guards in WorkBraid::markDone) runs here too (Note [A current
+  // device per thread] in cuda/on_device.h).
+  std::optional<OnDevice> on;
   bool finished = false;
   try {
+    on.emplace(dev, w.device_);
     finished = dev.eventQuery(w.end_);
   } catch (const std::exception& e) {
     fail(FailKind::kError, strCat(w.what_, ": the device failed: ", e.what()), &w);
@@ -221,6 +228,9 @@ void NcclExecutorState::abortComms() {
   }
   for (auto& kv : comms) {
     if (!kv.second.comm) continue;
+    // ncclCommAbort switches to the communicator's device and back to the
+    // thread's with a plain set (Note [A current device per thread]).
+    OnDevice on(dev, kv.first, std::nothrow);
     NcclResult r = nccl.commAbort(kv.second.comm);
     if (r != kNcclSuccess) {
       BRAID_LOG(kWarn, "nccl", opt.rank)

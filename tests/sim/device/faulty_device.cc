@@ -84,6 +84,10 @@ std::string FaultyDevice::deviceUuid(int device) {
   check("deviceUuid", dev(device));
   return inner_.deviceUuid(device);
 }
+bool FaultyDevice::primaryContextActive(int device) {
+  check("primaryContextActive", dev(device));
+  return inner_.primaryContextActive(device);
+}
 int FaultyDevice::computeCapability(int device) {
   check("computeCapability", dev(device));
   return inner_.computeCapability(device);

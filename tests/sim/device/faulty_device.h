@@ -11,9 +11,10 @@
 // Failure: the context is corrupt) also makes every later call of any kind
 // fail with the same error, as CUDA does after such an error, until clear().
 // name() and simulated() never fail (they make no CUDA call).
-// The wrapped device's extras (SimulatedDevice's setStreamDelay and
-// launchHostFunc) pass through unfailed: they stand in for what a test or a
-// user's kernel does, not for braid's calls.
+// The wrapped device's extras (SimulatedDevice's setStreamDelay,
+// launchHostFunc, enqueueFree, contexts and the compute-capability setters)
+// pass through unfailed: they stand in for what a test, a user's kernel or
+// torch's allocator does, not for braid's calls.
 #pragma once
 
 #include <atomic>
@@ -57,6 +58,7 @@ class FaultyDevice final : public SimulatedDevice {
   int getDevice() override;
   void setDevice(int device) override;
   std::string deviceUuid(int device) override;
+  bool primaryContextActive(int device) override;
   int computeCapability(int device) override;
   std::string kernelLoadError(int device) override;
   Stream streamCreate(int device) override;
@@ -95,6 +97,9 @@ class FaultyDevice final : public SimulatedDevice {
   void launchHostFunc(Stream s, std::function<void()> fn) override {
     inner_.launchHostFunc(s, std::move(fn));
   }
+  void enqueueFree(Stream s, void* p) override { inner_.enqueueFree(s, p); }
+  std::vector<int> contexts() override { return inner_.contexts(); }
+  void forgetContexts() override { inner_.forgetContexts(); }
   void setComputeCapability(int device, int cc) override { inner_.setComputeCapability(device, cc); }
   void setKernelImages(std::optional<KernelImages> images) override {
     inner_.setKernelImages(std::move(images));

@@ -20,6 +20,7 @@
 #include <fstream>
 #include <memory>
 #include <mutex>
+#include <set>
 #include <unordered_map>
 #include <vector>
 
@@ -39,7 +40,9 @@ using sim::SimStream;
 
 constexpr size_t kAlignment = 64;
 
-thread_local int tCurrentDevice = 0;  // per thread, as cudaSetDevice
+// Per thread, as cudaSetDevice; -1 until the thread sets one (Note [Simulated
+// contexts] in sim_device.h).
+thread_local int tCurrentDevice = -1;
 
 std::string bootId() {
   std::ifstream in("/proc/sys/kernel/random/boot_id");
@@ -59,10 +62,24 @@ class SimDevice final : public SimulatedDevice {
   std::string name() const override { return strCat("simulated (", devices_, " devices)"); }
   bool simulated() const override { return true; }
   int deviceCount() override { return devices_; }
-  int getDevice() override { return tCurrentDevice; }
+  int getDevice() override { return tCurrentDevice < 0 ? 0 : tCurrentDevice; }
   void setDevice(int device) override {
     checkDevice("setDevice", device);
+    createContext(device);
     tCurrentDevice = device;
+  }
+  bool primaryContextActive(int device) override {
+    checkDevice("primaryContextActive", device);
+    std::lock_guard<std::mutex> lk(ctxMu_);
+    return contexts_.count(device) > 0;
+  }
+  std::vector<int> contexts() override {
+    std::lock_guard<std::mutex> lk(ctxMu_);
+    return std::vector<int>(contexts_.begin(), contexts_.end());
+  }
+  void forgetContexts() override {
+    std::lock_guard<std::mutex> lk(ctxMu_);
+    contexts_.clear();
   }
   std::string deviceUuid(int device) override {
     checkDevice("deviceUuid", device);
@@ -88,6 +105,7 @@ class SimDevice final : public SimulatedDevice {
 
   Stream streamCreate(int device) override {
     checkDevice("streamCreate", device);
+    onDeviceCall(device);
     std::lock_guard<std::mutex> lk(mu_);
     auto s = std::make_shared<SimStream>(device, strCat("simulated stream ", ++streamIds_,
                                                         " (device ", device, ")"));
@@ -96,6 +114,7 @@ class SimDevice final : public SimulatedDevice {
   }
 
   void streamDestroy(Stream handle) override {
+    needContext();
     std::shared_ptr<SimStream> s;
     {
       std::lock_guard<std::mutex> lk(mu_);
@@ -110,11 +129,18 @@ class SimDevice final : public SimulatedDevice {
     s->shutdown();  // outside the lock: drains the queue, then joins
   }
 
-  void streamSynchronize(Stream s) override { stream("streamSynchronize", s)->synchronize(); }
-  bool streamQuery(Stream s) override { return stream("streamQuery", s)->query(); }
+  void streamSynchronize(Stream s) override {
+    needContext();
+    stream("streamSynchronize", s)->synchronize();
+  }
+  bool streamQuery(Stream s) override {
+    needContext();
+    return stream("streamQuery", s)->query();
+  }
 
   Event eventCreate(int device) override {
     checkDevice("eventCreate", device);
+    onDeviceCall(device);
     auto e = std::make_shared<SimEvent>(device);
     std::lock_guard<std::mutex> lk(mu_);
     events_[e.get()] = e;
@@ -124,6 +150,7 @@ class SimDevice final : public SimulatedDevice {
   void eventDestroy(Event handle) override {
     // Pending records and waits hold their own reference, so destroying an
     // event with work in flight is safe, as on CUDA.
+    needContext();
     std::lock_guard<std::mutex> lk(mu_);
     auto ipc = ipcEvents_.find(handle);
     if (ipc != ipcEvents_.end()) {
@@ -137,6 +164,7 @@ class SimDevice final : public SimulatedDevice {
   }
 
   void eventRecord(Event handle, Stream sh) override {
+    needContext();
     if (auto ipc = ipcEvent(handle)) return ipc->record(stream("eventRecord", sh));
     auto e = event("eventRecord", handle);
     auto s = stream("eventRecord", sh);
@@ -155,6 +183,7 @@ class SimDevice final : public SimulatedDevice {
   }
 
   void streamWaitEvent(Stream sh, Event handle) override {
+    needContext();
     auto s = stream("streamWaitEvent", sh);
     if (auto ipc = ipcEvent(handle)) return ipc->waitOn(s);
     auto e = event("streamWaitEvent", handle);
@@ -164,6 +193,7 @@ class SimDevice final : public SimulatedDevice {
   }
 
   bool eventQuery(Event handle) override {
+    needContext();
     if (auto ipc = ipcEvent(handle)) return ipc->query();
     auto e = event("eventQuery", handle);
     if (!e->done(e->latest())) return false;
@@ -172,6 +202,7 @@ class SimDevice final : public SimulatedDevice {
   }
 
   void eventSynchronize(Event handle) override {
+    needContext();
     if (auto ipc = ipcEvent(handle)) return ipc->synchronize();
     auto e = event("eventSynchronize", handle);
     e->waitFor(e->latest());
@@ -179,6 +210,7 @@ class SimDevice final : public SimulatedDevice {
   }
 
   void memcpyAsync(void* dst, const void* src, size_t bytes, Stream sh) override {
+    needContext();
     auto s = stream("memcpyAsync", sh);
     if (bytes == 0) return;
     if (dst == nullptr || src == nullptr) {
@@ -189,13 +221,24 @@ class SimDevice final : public SimulatedDevice {
                [dst, src, bytes] { std::memmove(dst, src, bytes); });
   }
 
-  void* hostAlloc(size_t bytes) override { return allocate("hostAlloc", bytes, -1); }
-  void hostFree(void* p) override { release("hostFree", p, -1); }
+  void* hostAlloc(size_t bytes) override {
+    needContext();
+    return allocate("hostAlloc", bytes, -1);
+  }
+  void hostFree(void* p) override {
+    needContext();
+    release("hostFree", p, -1);
+  }
   void* deviceAlloc(int device, size_t bytes) override {
     checkDevice("deviceAlloc", device);
+    onDeviceCall(device);
     return allocate("deviceAlloc", bytes, device);
   }
   void deviceFree(void* p) override {
+    needContext();
+    freeDevice(p);
+  }
+  void freeDevice(void* p) {
     {
       std::lock_guard<std::mutex> lk(mu_);
       if (shared_.erase(p) > 0) return;  // the region unmaps when its last owner goes
@@ -206,12 +249,14 @@ class SimDevice final : public SimulatedDevice {
   // Note [Simulated IPC] in sim_ipc.h.
   void* deviceAllocShareable(int device, size_t bytes) override {
     checkDevice("deviceAllocShareable", device);
+    onDeviceCall(device);
     auto r = sim::SharedRegion::create(bytes, "deviceAllocShareable");
     std::lock_guard<std::mutex> lk(mu_);
     shared_[r->data()] = r;
     return r->data();
   }
   std::string ipcMemHandle(void* p) override {
+    needContext();
     std::lock_guard<std::mutex> lk(mu_);
     auto it = shared_.find(p);
     if (it == shared_.end()) {
@@ -220,12 +265,14 @@ class SimDevice final : public SimulatedDevice {
     return it->second->handle();
   }
   void* ipcOpenMem(const std::string& handle) override {
+    needContext();
     auto r = sim::SharedRegion::open(handle, "ipcOpenMem");
     std::lock_guard<std::mutex> lk(mu_);
     opened_[r->data()] = r;
     return r->data();
   }
   void ipcCloseMem(void* p) override {
+    needContext();
     std::lock_guard<std::mutex> lk(mu_);
     if (opened_.erase(p) == 0) {
       throw Error(strCat("braid: ipcCloseMem(", p, "): not memory opened with ipcOpenMem"));
@@ -233,12 +280,14 @@ class SimDevice final : public SimulatedDevice {
   }
   Event eventCreateShareable(int device) override {
     checkDevice("eventCreateShareable", device);
+    onDeviceCall(device);
     auto e = std::make_shared<sim::SharedEvent>(device);
     std::lock_guard<std::mutex> lk(mu_);
     ipcEvents_[e.get()] = e;
     return e.get();
   }
   std::string ipcEventHandle(Event handle) override {
+    needContext();
     auto e = ipcEvent(handle);
     if (!e || !e->owner()) {
       throw Error(strCat("braid: ipcEventHandle(", handle,
@@ -247,7 +296,8 @@ class SimDevice final : public SimulatedDevice {
     return e->handle();
   }
   Event ipcOpenEvent(const std::string& handle) override {
-    auto e = std::make_shared<sim::SharedEvent>(tCurrentDevice, handle);
+    needContext();
+    auto e = std::make_shared<sim::SharedEvent>(getDevice(), handle);
     std::lock_guard<std::mutex> lk(mu_);
     ipcEvents_[e.get()] = e;
     return e.get();
@@ -255,6 +305,7 @@ class SimDevice final : public SimulatedDevice {
 
   void reduceMultiAsync(DataType type, ReduceOp op, void* dst, const void* const* srcs, int n,
                         double divisor, size_t count, Stream sh) override {
+    needContext();
     auto s = stream("reduceMultiAsync", sh);
     checkReduceMultiArgs("reduceMultiAsync", type, op, dst, srcs, n, divisor, count);
     if (count == 0) return;
@@ -270,6 +321,7 @@ class SimDevice final : public SimulatedDevice {
 
   void reduceAsync(DataType type, ReduceOp op, void* dst, const void* src, size_t count,
                    Stream sh) override {
+    needContext();
     auto s = stream("reduceAsync", sh);
     checkReduceArgs("reduceAsync", type, op, dst, src, count);
     if (count == 0) return;
@@ -284,13 +336,49 @@ class SimDevice final : public SimulatedDevice {
 
   void launchHostFunc(Stream sh, std::function<void()> fn) override {
     if (!fn) throw Error("braid: launchHostFunc: empty function");
-    stream("launchHostFunc", sh)->enqueue("launchHostFunc", std::move(fn));
+    needContext();
+    auto s = stream("launchHostFunc", sh);
+    const int device = s->device();
+    s->enqueue("launchHostFunc", [device, fn = std::move(fn)] {
+      tCurrentDevice = device;  // the stream's thread, on its device (which has a context)
+      fn();
+    });
+  }
+
+  void enqueueFree(Stream sh, void* p) override {
+    std::shared_ptr<SimStream> s;
+    try {
+      s = stream("enqueueFree", sh);
+      s->enqueue("enqueueFree", [this, p] { freeDevice(p); });
+    } catch (const std::exception&) {
+      freeDevice(p);  // the stream is gone: nothing is queued on it
+    }
   }
 
  private:
   static int checked(int devices) {
     if (devices < 1) throw Error(strCat("braid: simulatedDevice(", devices, "): need >= 1 device"));
     return devices;
+  }
+
+  // Note [Simulated contexts]: a call that needs a context, on a thread that
+  // set no device, makes device 0's and makes 0 current, as CUDA 12+ does.
+  void needContext() {
+    if (tCurrentDevice >= 0) return;
+    createContext(0);
+    tCurrentDevice = 0;
+  }
+  void createContext(int device) {
+    std::lock_guard<std::mutex> lk(ctxMu_);
+    contexts_.insert(device);
+  }
+  // A call that takes `device`, as braid's CUDA runtime makes it: switched to
+  // `device`, and back only to a previous device that has a context.
+  void onDeviceCall(int device) {
+    const int previous = getDevice();
+    if (previous == device) return needContext();
+    createContext(device);
+    tCurrentDevice = primaryContextActive(previous) ? previous : device;
   }
 
   void checkDevice(const char* call, int device) const {
@@ -307,10 +395,10 @@ class SimDevice final : public SimulatedDevice {
   std::shared_ptr<SimStream> stream(const char* call, Stream handle) {
     std::lock_guard<std::mutex> lk(mu_);
     if (handle == nullptr) {
-      auto& d = defaults_[tCurrentDevice];
+      const int device = tCurrentDevice < 0 ? 0 : tCurrentDevice;
+      auto& d = defaults_[device];
       if (!d) {
-        d = std::make_shared<SimStream>(tCurrentDevice,
-                                        strCat("default stream (device ", tCurrentDevice, ")"));
+        d = std::make_shared<SimStream>(device, strCat("default stream (device ", device, ")"));
         streams_[d.get()] = d;
       }
       return d;
@@ -388,6 +476,8 @@ class SimDevice final : public SimulatedDevice {
   std::unordered_map<void*, std::shared_ptr<sim::SharedRegion>> opened_;  // a peer's, mapped
   std::unordered_map<void*, std::shared_ptr<sim::SharedEvent>> ipcEvents_;
   uint64_t streamIds_ = 0;
+  std::mutex ctxMu_;       // contexts_
+  std::set<int> contexts_;  // Note [Simulated contexts]
 };
 
 }  // namespace

@@ -7,6 +7,7 @@
 #include <chrono>
 #include <functional>
 #include <optional>
+#include <vector>
 
 #include "cuda/device_api.h"
 #include "cuda/kernel_images.h"
@@ -22,12 +23,36 @@ class SimulatedDevice : public DeviceApi {
   virtual void setStreamDelay(Stream s, std::chrono::microseconds delay) = 0;
   // Enqueues `fn` on `s`, to run in stream order on the stream's thread (a
   // stand-in for a user's kernel). An exception it throws fails the stream.
+  // `fn` runs with the stream's device current.
   virtual void launchHostFunc(Stream s, std::function<void()> fn) = 0;
   // Note [Simulated kernel images] in sim_arch.h: `device`'s compute
   // capability (75 is 7.5; 0: back to the default), and the kernel images
   // the simulated build holds (nullopt: back to the default).
   virtual void setComputeCapability(int device, int cc) = 0;
   virtual void setKernelImages(std::optional<KernelImages> images) = 0;
+  // Frees device memory `p` after the work queued on `s` so far, as torch's
+  // caching allocator returns a block: no CUDA call, so no context.
+  virtual void enqueueFree(Stream s, void* p) = 0;
+
+  // Note [Simulated contexts]
+  // The device keeps CUDA 12+'s rules for contexts (Note [A current device
+  // per thread] in csrc/cuda/on_device.h): a current device per thread, none
+  // until the thread sets one, and a primary context per process and device.
+  // getDevice on a thread with none answers 0 and creates nothing;
+  // setDevice(d) creates d's context; every call that needs a context (one
+  // taking a stream, an event, memory, or an IPC handle) on a thread with no
+  // device creates device 0's and makes 0 current there, as the runtime does;
+  // primaryContextActive creates nothing. Calls that take a device
+  // (streamCreate, eventCreate, deviceAlloc, ...) behave as braid's CUDA
+  // runtime does with its guard (Note [The current device] in
+  // csrc/cuda/cuda_runtime.cc): d's context, and the thread back on its
+  // previous device only when that one has a context. The process's contexts
+  // are what `nvidia-smi --query-compute-apps` would list for it.
+  // The devices this process holds a primary context on, ascending.
+  virtual std::vector<int> contexts() = 0;
+  // Tests only: as if this process had no context yet (threads keep the
+  // device they set).
+  virtual void forgetContexts() = 0;
 };
 
 // The simulated device, with `devices` devices on first call (later calls

@@ -80,6 +80,7 @@ NcclResult SimulatedNccl::commInitRank(NcclComm* out, int nranks, const NcclUniq
   auto comm = std::make_shared<Comm>();
   comm->rank = rank;
   comm->blocking = blocking;
+  comm->device = device_.getDevice();
   comm->handle = comm.get();
   std::shared_ptr<Clique> clique;
   std::chrono::milliseconds initDelay;
@@ -124,6 +125,19 @@ NcclResult SimulatedNccl::commInitRank(NcclComm* out, int nranks, const NcclUniq
   return kNcclSuccess;
 }
 
+namespace {
+// ncclCommDestroy and ncclCommAbort switch to the communicator's device and
+// back to the thread's with a plain cudaSetDevice: on a thread that set no
+// device, "back to 0" makes device 0's context (Note [Simulated contexts] in
+// tests/sim/device/sim_device.h).
+void visitCommDevice(SimulatedDevice& d, int device) {
+  const int saved = d.getDevice();
+  if (saved == device) return;
+  d.setDevice(device);
+  d.setDevice(saved);
+}
+}  // namespace
+
 NcclResult SimulatedNccl::commDestroy(NcclComm handle) {
   std::shared_ptr<Comm> c;
   {
@@ -133,6 +147,7 @@ NcclResult SimulatedNccl::commDestroy(NcclComm handle) {
     c = it->second;
     comms_.erase(it);
   }
+  visitCommDevice(device_, c->device);
   std::lock_guard<std::mutex> lock(c->clique->mu);
   c->destroyed = true;
   c->clique->cv.notify_all();
@@ -148,6 +163,7 @@ NcclResult SimulatedNccl::commAbort(NcclComm handle) {
     c = it->second;
     comms_.erase(it);
   }
+  visitCommDevice(device_, c->device);
   Clique& q = *c->clique;
   std::lock_guard<std::mutex> lock(q.mu);
   c->aborted = true;

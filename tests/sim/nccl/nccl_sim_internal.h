@@ -77,6 +77,7 @@ struct Comm {
   std::shared_ptr<Clique> clique;
   int rank = 0;
   bool blocking = true;
+  int device = 0;  // the creating thread's current device, as NCCL takes it
   NcclComm handle = nullptr;
   // Under clique->mu:
   NcclResult error = kNcclSuccess;  // injected

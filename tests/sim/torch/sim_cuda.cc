@@ -48,9 +48,15 @@ class Streams {
   std::atomic<StreamId> next_{kPoolStreams + 1};
 };
 
-thread_local DeviceIndex tDevice = 0;
 thread_local std::array<StreamId, kMaxDevices> tStream{};
 
+// The current device is the simulated device's, shared with braid's calls,
+// as torch's guard and braid share CUDA's. Where torch's CUDAGuardImpl (1.13)
+// switches to a stream's device for a call and back with a plain
+// cudaSetDevice (block, record, destroyEvent, a DeviceGuard's restore), so
+// does this one: on a thread that set no device the switch back to "0"
+// creates device 0's context (Note [Simulated contexts] in
+// tests/sim/device/sim_device.h), as on CUDA 12+.
 class Guard final : public c10::impl::DeviceGuardImplInterface {
  public:
   Guard(cuda::DeviceApi& api, int devices) : api_(api), devices_(devices), streams_(api) {}
@@ -58,15 +64,22 @@ class Guard final : public c10::impl::DeviceGuardImplInterface {
   c10::DeviceType type() const override { return c10::DeviceType::CUDA; }
   c10::Device exchangeDevice(c10::Device d) const override {
     c10::Device old = getDevice();
-    setDevice(d);
+    if (old.index() != d.index()) setDevice(d);
     return old;
   }
-  c10::Device getDevice() const override { return c10::Device(c10::DeviceType::CUDA, tDevice); }
+  c10::Device getDevice() const override {
+    return c10::Device(c10::DeviceType::CUDA, static_cast<DeviceIndex>(api_.getDevice()));
+  }
   void setDevice(c10::Device d) const override {
     TORCH_CHECK(d.index() >= 0 && d.index() < devices_, "simulated CUDA: no device ", d.str());
-    tDevice = d.index();
+    api_.setDevice(d.index());
   }
-  void uncheckedSetDevice(c10::Device d) const noexcept override { tDevice = d.index(); }
+  void uncheckedSetDevice(c10::Device d) const noexcept override {
+    try {
+      api_.setDevice(d.index());
+    } catch (...) {
+    }
+  }
   c10::Stream getStream(c10::Device d) const noexcept override {
     return c10::Stream(c10::Stream::UNSAFE, d, tStream[index(d)]);
   }
@@ -93,20 +106,30 @@ class Guard final : public c10::impl::DeviceGuardImplInterface {
     tStream[index(s.device())] = s.id();
     return old;
   }
-  void destroyEvent(void* e, const DeviceIndex) const noexcept override {
+  void destroyEvent(void* e, const DeviceIndex device) const noexcept override {
     if (!e) return;
     try {
+      const c10::Device orig = getDevice();  // torch: a CUDAGuard on `device`
+      if (device >= 0) setDevice(c10::Device(c10::DeviceType::CUDA, device));
       api_.eventDestroy(e);
+      uncheckedSetDevice(orig);
     } catch (...) {
     }
   }
   void record(void** event, const c10::Stream& s, const DeviceIndex, const c10::EventFlag)
       const override {
+    const c10::Device orig = getDevice();
+    setDevice(s.device());
     if (!*event) *event = api_.eventCreate(s.device_index());
     api_.eventRecord(*event, stream(s));
+    setDevice(orig);
   }
   void block(void* e, const c10::Stream& s) const override {
-    if (e) api_.streamWaitEvent(stream(s), e);
+    if (!e) return;
+    const c10::Device orig = getDevice();
+    setDevice(s.device());
+    api_.streamWaitEvent(stream(s), e);
+    setDevice(orig);
   }
   bool queryEvent(void* e) const override { return !e || api_.eventQuery(e); }
   DeviceIndex deviceCount() const noexcept override { return static_cast<DeviceIndex>(devices_); }
@@ -121,8 +144,8 @@ class Guard final : public c10::impl::DeviceGuardImplInterface {
   }
 
  private:
-  static size_t index(c10::Device d) {
-    return static_cast<size_t>(d.index() < 0 ? tDevice : d.index()) % kMaxDevices;
+  size_t index(c10::Device d) const {
+    return static_cast<size_t>(d.index() < 0 ? api_.getDevice() : d.index()) % kMaxDevices;
   }
   cuda::DeviceApi& api_;
   const int devices_;
@@ -188,13 +211,7 @@ at::Tensor empty(at::IntArrayRef sizes, at::ScalarType dtype, int device,
   // write still queued there (sim::write) must not land in freed memory.
   cuda::Stream stream = currentStream(device);
   return maker
-      .deleter([&api, stream](void* q) {
-        try {
-          api.launchHostFunc(stream, [&api, q] { api.deviceFree(q); });
-        } catch (const std::exception&) {
-          api.deviceFree(q);  // the stream is gone: nothing is queued on it
-        }
-      })
+      .deleter([&api, stream](void* q) { api.enqueueFree(stream, q); })
       .options(at::TensorOptions().dtype(dtype).device(dev))
       .target_device(dev)
       .make_tensor();

@@ -75,6 +75,20 @@ PYBIND11_MODULE(_C, m) {
   m.def("read", &braid::sim::read, py::arg("tensor"), py::call_guard<py::gil_scoped_release>(),
         "A CPU copy of a CUDA tensor, in the order of its device's current stream.");
   m.def(
+      "set_device", [](int device) { braid::sim::device().setDevice(device); },
+      py::arg("device"), "The calling thread's current device (cudaSetDevice): makes its context.");
+  m.def(
+      "current_device", [] { return braid::sim::device().getDevice(); },
+      "The calling thread's current device (0 where it set none; makes no context).");
+  m.def(
+      "contexts", [] { return braid::sim::device().contexts(); },
+      "The devices this process holds a primary context on, ascending: what nvidia-smi "
+      "--query-compute-apps lists for it (Note [Simulated contexts] in "
+      "tests/sim/device/sim_device.h).");
+  m.def(
+      "forget_contexts", [] { braid::sim::device().forgetContexts(); },
+      "Tests only: as if this process held no context yet.");
+  m.def(
       "delay_current_stream",
       [](int device, int64_t us) {
         braid::sim::delayCurrentStream(device, std::chrono::microseconds(us));

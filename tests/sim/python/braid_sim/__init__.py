@@ -14,8 +14,8 @@ import torch_braid  # noqa: F401  (loads torch_braid._C, whose testing hooks _C 
 
 from . import _C
 from ._C import (  # noqa: F401
-    compute_capability, delay_comm_stream, delay_current_stream, empty, kernel_load_error,
-    nccl_install, read, set_compute_capability, set_kernel_images, write)
+    compute_capability, contexts, delay_comm_stream, delay_current_stream, empty, forget_contexts,
+    kernel_load_error, nccl_install, read, set_compute_capability, set_kernel_images, write)
 # Note [Injected device failures] in tests/sim/device/faulty_device.h.
 from ._C import (clear_device_faults, device_failures, faults_install,  # noqa: F401
                  inject_device_fault)
@@ -33,16 +33,15 @@ def install(devices: int = 2) -> None:
         return
     _installed = devices
     cuda = torch.cuda
-    current = [0]
 
     def set_device(device) -> None:
         index = torch.device("cuda", device).index if isinstance(device, int) else \
             torch.device(device).index
         if index is None or not 0 <= index < devices:
             raise ValueError(f"simulated CUDA: no device {device!r} (it has {devices})")
-        current[0] = index
-        # The C++ side's current device is per thread; the tensors' device
-        # guard sets it where an op needs it.
+        # The calling thread's, as cudaSetDevice: it makes the device's context
+        # (Note [Simulated contexts] in tests/sim/device/sim_device.h).
+        _C.set_device(index)
 
     # Moving a tensor to "cuda" first calls torch.cuda._lazy_init, which a torch
     # without CUDA answers with "Torch not compiled with CUDA enabled".
@@ -55,9 +54,9 @@ def install(devices: int = 2) -> None:
             index = device
         elif device is not None:
             index = torch.device(device).index
-        return compute_capability(current[0] if index is None else index)
+        return compute_capability(_C.current_device() if index is None else index)
 
     cuda.get_device_capability = get_device_capability
     cuda.device_count = lambda: devices
-    cuda.current_device = lambda: current[0]
+    cuda.current_device = _C.current_device
     cuda.set_device = set_device
