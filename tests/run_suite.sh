@@ -79,7 +79,7 @@ echo "=== torch $torch_version: pip install --no-build-isolation . into a venv" 
 venv="$build/venv"
 rm -rf "$venv"
 $PY -m venv --system-site-packages "$venv"
-BRAID_BUILD_DIR="$build/pip" BRAID_BUILD_TESTS=OFF \
+BRAID_BUILD_DIR="$build-pip" BRAID_BUILD_TESTS=OFF \
   "$venv/bin/python" -m pip install -q --no-build-isolation --no-deps --no-index "$repo" >&2
 (cd "$build" && "$venv/bin/python" -m torch_braid.info | grep -E "^braid|torch  |pybind11") >&2
 # What ships holds no simulator (Note [Simulators outside the product]).

@@ -319,7 +319,7 @@ def test_torchrun_two_nodes_with_c10d_rendezvous(tmp_path, backend, own_name_loo
         for a in agents:
             outs.append(a.communicate(timeout=max(1, deadline - time.monotonic()))[0])
     except subprocess.TimeoutExpired:
-        pytest.fail(f"torchrun did not finish within {JOB_TIMEOUT_S} s")
+        pytest.fail(f"torchrun did not finish within {JOB_TIMEOUT_S} s\n" + _agent_tails(agents))
     finally:
         h.teardown()
     for a, out in zip(agents, outs):
@@ -329,6 +329,19 @@ def test_torchrun_two_nodes_with_c10d_rendezvous(tmp_path, backend, own_name_loo
     assert got == {f"rank{r}": f"ok {r} of 4, USE_LIBUV={libuv}" for r in range(4)}, (
         got, outs[0][-3000:])
     assert hosts_mod.leftovers(h.prefix) == []
+
+
+def _agent_tails(agents):
+    """What each agent printed, for a failure message: a run that timed out says where it was."""
+    tails = []
+    for k, a in enumerate(agents):
+        a.kill()
+        try:
+            out = a.communicate(timeout=10)[0] or ""
+        except subprocess.TimeoutExpired:  # a child still holds the pipe
+            out = "(its output could not be read)"
+        tails.append(f"--- agent {k} ---\n{out[-2500:]}")
+    return "\n".join(tails)
 
 
 # ---- benchmarks/collectives.py --hosts ------------------------------------------------------
