@@ -89,6 +89,11 @@ PYBIND11_MODULE(_C, m) {
       "forget_contexts", [] { braid::sim::device().forgetContexts(); },
       "Tests only: as if this process held no context yet.");
   m.def(
+      "synchronize", [](int device) { braid::sim::device().deviceSynchronize(device); },
+      py::arg("device") = 0, py::call_guard<py::gil_scoped_release>(),
+      "torch.cuda.synchronize() on the simulated device: every stream of `device`, braid's "
+      "included.");
+  m.def(
       "delay_current_stream",
       [](int device, int64_t us) {
         braid::sim::delayCurrentStream(device, std::chrono::microseconds(us));
