@@ -75,6 +75,15 @@ bool Comm::peerGone(int q, std::string* why, bool closedIsGone) const {
   return false;
 }
 
+bool Comm::peerMaps(int q) const {
+  const Slot& s = slot(q);
+  // A peer opens the handles only after every rank published, and marks its
+  // slot kClosed only after it closed them; a process that exited maps nothing.
+  if (s.state.load(std::memory_order_acquire) != kPublished) return false;
+  const pid_t pid = s.pid;
+  return !(pid > 0 && kill(pid, 0) != 0 && errno == ESRCH);
+}
+
 NcclResult Comm::poll() {
   if (aborted_.load()) return fail(kNcclRemoteError, "the same-GPU communicator was aborted");
   // Checked first, of every peer that has published (its settings are
@@ -157,7 +166,25 @@ NcclResult Comm::barrier(Stream s) {
       }
       std::this_thread::sleep_for(std::chrono::microseconds(spins < 4096 ? 2 : 50));
     }
+    // Note [A stream never waits on a dead peer]: the peer's record for
+    // barrier k must have run before this stream may wait on its event.
     try {
+      for (int spins = 0; !dev_.eventQuery(events_[q]); ++spins) {
+        if (spins < 256) {
+          std::this_thread::yield();
+          continue;
+        }
+        if (aborted_.load()) return fail(kNcclRemoteError, "the communicator was aborted");
+        if (peerGone(q, &why, /*closedIsGone=*/true)) return fail(kNcclRemoteError, why);
+        if (std::chrono::steady_clock::now() > deadline) {
+          return fail(kNcclSystemError,
+                      strCat("timed out after ", timeout_.count(), " ms waiting for rank ", q,
+                             "'s stream to reach same-GPU barrier ", k,
+                             " (its host did): a peer whose GPU work is stuck or that died "
+                             "with it pending"));
+        }
+        std::this_thread::sleep_for(std::chrono::microseconds(spins < 4096 ? 2 : 50));
+      }
       dev_.streamWaitEvent(s, events_[q]);
     } catch (const std::exception& e) {
       return fail(kNcclUnhandledCudaError, e.what());
@@ -169,16 +196,9 @@ NcclResult Comm::barrier(Stream s) {
 void Comm::abort() {
   if (aborted_.exchange(true)) return;
   slot(rank_).aborted.store(1, std::memory_order_release);
-  // Closing the opened events ends stream waits on them (the simulated
-  // device checks; a GPU's waits end when the peers' kernels do).
-  for (int q = 0; q < n_; ++q) {
-    if (q == rank_ || !events_[q]) continue;
-    try {
-      dev_.eventDestroy(events_[q]);
-    } catch (const std::exception&) {
-    }
-    events_[q] = nullptr;
-  }
+  // Nothing to release on the device: no stream here waits on a peer's
+  // event that has not run (Note [A stream never waits on a dead peer]),
+  // and destroying an opened event would not end such a wait on CUDA.
 }
 
 void Comm::close() {
@@ -200,9 +220,11 @@ void Comm::close() {
       idle = true;
     }
     if (!idle) {
+      // The slot stays kPublished: the peers' buffers are still mapped here,
+      // so their exporters must keep them (Note [Exported buffers outlive
+      // their mappings]).
       BRAID_LOG(kError, "same-gpu", rank_)
           << "the communicator's stream is still busy after 10 s: its buffers stay mapped";
-      slot(rank_).state.store(kClosed, std::memory_order_release);
       return;
     }
   }
@@ -218,17 +240,26 @@ void Comm::close() {
     bufs_[q] = nullptr;
   }
   slot(rank_).state.store(kClosed, std::memory_order_release);
-  // The exporter frees its buffer only once no peer maps it (each closes its
-  // handles before it marks its slot closed), or it has gone.
-  // After an abort the peers are failing too: no wait.
+  // Note [Exported buffers outlive their mappings]: freed only once no peer
+  // maps it; else kept until this process exits.
   const auto until = std::chrono::steady_clock::now() +
                      (aborted_.load() ? std::chrono::seconds(0) : std::chrono::seconds(2));
+  int mapping = -1;  // a peer that may still map this rank's buffer
   for (int q = 0; q < n_; ++q) {
-    std::string why;
-    while (q != rank_ && slot(q).state.load(std::memory_order_acquire) == kPublished &&
-           !peerGone(q, &why, true) && std::chrono::steady_clock::now() < until) {
+    while (q != rank_ && peerMaps(q)) {
+      if (std::chrono::steady_clock::now() >= until) {
+        mapping = q;
+        break;
+      }
       std::this_thread::sleep_for(std::chrono::microseconds(200));
     }
+    if (mapping >= 0) break;
+  }
+  if (mapping >= 0) {
+    BRAID_LOG(kWarn, "same-gpu", rank_)
+        << "rank " << mapping << " may still map this rank's same-GPU buffer ("
+        << 2 * halfBytes_ << " bytes): kept until this process exits";
+    buf_ = nullptr;  // deliberately not freed
   }
   try {
     if (event_) dev_.eventDestroy(event_);
