@@ -731,6 +731,41 @@ TEST(SimIpc, MemoryFreedByItsExporterWhileMappedIsAnIllegalAddress) {
   dev().streamDestroy(b);
 }
 
+// Note [Exported buffers outlive their mappings]: a rank that aborts while a
+// peer still maps its buffer keeps it, so the peer's copies out of it (still
+// enqueued in a real abort) do not touch freed memory, which the simulated
+// device makes an illegal address (Note [Simulated IPC]).
+TEST(SameGpuAbort, AnAbortingRankKeepsTheBufferAPeerMaps) {
+  setenv("BRAID_CUDA_SAME_GPU_BYTES", "8192", 1);
+  NcclApi& api = sameGpuCollectives(dev());
+  AsProcess p1(1);
+  dev().setDevice(0);
+  NcclUniqueId id;
+  ASSERT_EQ(api.getUniqueId(&id), kNcclSuccess);
+  NcclComm c0 = nullptr, c1 = nullptr;
+  ASSERT_EQ(api.commInitRank(&c0, 2, id, 0, /*blocking=*/false), kNcclInProgress);
+  sim::setThreadProcess(2);
+  ASSERT_EQ(api.commInitRank(&c1, 2, id, 1, /*blocking=*/false), kNcclInProgress);
+  NcclResult e = kNcclInProgress;
+  ASSERT_EQ(api.commGetAsyncError(c1, &e), kNcclSuccess);
+  ASSERT_EQ(e, kNcclSuccess) << api.lastError(c1);  // rank 1 maps rank 0's buffer
+  sim::setThreadProcess(1);
+  ASSERT_EQ(api.commGetAsyncError(c0, &e), kNcclSuccess);
+  ASSERT_EQ(e, kNcclSuccess) << api.lastError(c0);
+  api.commAbort(c0);
+  sim::setThreadProcess(2);
+  auto* comm1 = static_cast<samegpu::Comm*>(c1);
+  Stream s = dev().streamCreate(0);
+  void* local = dev().deviceAlloc(0, 4096);
+  dev().memcpyAsync(local, comm1->half(0), 4096, s);
+  const std::string err = errorOf([&] { dev().streamSynchronize(s); });
+  EXPECT_EQ(err, "no error") << "rank 1 read rank 0's buffer after rank 0 aborted";
+  dev().deviceFree(local);
+  dev().streamDestroy(s);
+  api.commDestroy(c1);
+  unsetenv("BRAID_CUDA_SAME_GPU_BYTES");
+}
+
 }  // namespace
 }  // namespace cuda
 }  // namespace braid
