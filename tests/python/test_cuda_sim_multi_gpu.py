@@ -41,6 +41,9 @@ def _run_ranks(body, n=N, timeout_s=60, device_of=lambda r: r // 2):
     errors = [None] * n
 
     def main(r):
+        # Each rank thread a process to CUDA IPC's rules (Note [Thread ranks on one GPU] in
+        # csrc/cuda/nccl/executor_choice.h): real thread ranks get no same-GPU collectives.
+        braid_sim.set_thread_process(r + 1)
         pg = _C.ProcessGroupBraid(store, r, n, datetime.timedelta(seconds=30))
         try:
             body(r, pg, torch.device("cuda", device_of(r)))

@@ -69,12 +69,15 @@
 // may map the peers' buffers: kPublished from before it opens them until
 // close() has closed them, then kClosed. A rank frees its own buffer only
 // once every peer's slot is not kPublished or its process has exited; it
-// waits for that up to 2 s at destroy, and not at all after an abort (the
-// peers are failing too, may be stuck for as long as their own timeouts,
-// and an abort must end promptly). A buffer some peer may still map is
-// kept, deliberately, until this process exits (logged): the driver frees
-// it then, after which the peer's access faults in a context that is
-// failing anyway, rather than into memory this process reuses. A rank whose
+// waits for that up to 2 s at destroy, and only 0.5 s after an abort (the
+// peers are failing too and close at once when they abort with it, but one
+// may be stuck for as long as its own timeout, and an abort must end
+// promptly). A buffer some peer may still map is
+// kept, deliberately (logged): every later close() in this process frees
+// the kept buffers no peer maps any more, and the rest stay until this
+// process exits, when the driver frees them; a peer's access after that
+// faults in a context that is failing anyway, rather than into memory this
+// process reuses. A rank whose
 // stream does not drain keeps its slot kPublished, since it still maps the
 // peers' buffers.
 //

@@ -6,6 +6,7 @@
 
 #include <cerrno>
 #include <cstring>
+#include <mutex>
 #include <thread>
 
 #include "common/error.h"
@@ -75,13 +76,67 @@ bool Comm::peerGone(int q, std::string* why, bool closedIsGone) const {
   return false;
 }
 
-bool Comm::peerMaps(int q) const {
-  const Slot& s = slot(q);
+namespace {
+
+// Whether rank q of `control` may still map its peers' buffers.
+bool mapsPeers(const Control& control, int q) {
+  const Slot& s = control.slots[q];
   // A peer opens the handles only after every rank published, and marks its
   // slot kClosed only after it closed them; a process that exited maps nothing.
   if (s.state.load(std::memory_order_acquire) != kPublished) return false;
   const pid_t pid = s.pid;
   return !(pid > 0 && kill(pid, 0) != 0 && errno == ESRCH);
+}
+
+// Note [Exported buffers outlive their mappings]: the buffers close() could
+// not free yet, freed by a later close() in this process once no peer maps
+// them, else at exit.
+struct Kept {
+  DeviceApi* dev;
+  void* buf;
+  Event event;
+  std::shared_ptr<transport::shm::SharedRegion> control;
+  int n, rank;
+};
+std::mutex keptMu;
+std::vector<Kept>& kept() {
+  static auto* k = new std::vector<Kept>();  // process lifetime: freed at exit by the driver
+  return *k;
+}
+
+void freeKept(const Kept& k) {
+  try {
+    if (k.event) k.dev->eventDestroy(k.event);
+    if (k.buf) k.dev->deviceFree(k.buf);
+  } catch (const std::exception& e) {
+    BRAID_LOG(kWarn, "same-gpu", k.rank) << "freeing a kept same-GPU buffer: " << e.what();
+  }
+}
+
+void sweepKept() {
+  std::vector<Kept> done;
+  {
+    std::lock_guard<std::mutex> lock(keptMu);
+    auto& all = kept();
+    for (auto it = all.begin(); it != all.end();) {
+      const Control& c = *static_cast<const Control*>(it->control->data());
+      bool mapped = false;
+      for (int q = 0; q < it->n && !mapped; ++q) mapped = q != it->rank && mapsPeers(c, q);
+      if (mapped) {
+        ++it;
+      } else {
+        done.push_back(*it);
+        it = all.erase(it);
+      }
+    }
+  }
+  for (const Kept& k : done) freeKept(k);
+}
+
+}  // namespace
+
+bool Comm::peerMaps(int q) const {
+  return mapsPeers(*static_cast<const Control*>(control_->data()), q);
 }
 
 NcclResult Comm::poll() {
@@ -243,7 +298,7 @@ void Comm::close() {
   // Note [Exported buffers outlive their mappings]: freed only once no peer
   // maps it; else kept until this process exits.
   const auto until = std::chrono::steady_clock::now() +
-                     (aborted_.load() ? std::chrono::seconds(0) : std::chrono::seconds(2));
+                     (aborted_.load() ? std::chrono::milliseconds(500) : std::chrono::seconds(2));
   int mapping = -1;  // a peer that may still map this rank's buffer
   for (int q = 0; q < n_; ++q) {
     while (q != rank_ && peerMaps(q)) {
@@ -258,17 +313,16 @@ void Comm::close() {
   if (mapping >= 0) {
     BRAID_LOG(kWarn, "same-gpu", rank_)
         << "rank " << mapping << " may still map this rank's same-GPU buffer ("
-        << 2 * halfBytes_ << " bytes): kept until this process exits";
-    buf_ = nullptr;  // deliberately not freed
-  }
-  try {
-    if (event_) dev_.eventDestroy(event_);
-    if (buf_) dev_.deviceFree(buf_);
-  } catch (const std::exception& e) {
-    BRAID_LOG(kWarn, "same-gpu", rank_) << "freeing the communicator's buffer: " << e.what();
+        << 2 * halfBytes_ << " bytes): kept until it closes (seen by a later close in this "
+        << "process) or this process exits";
+    std::lock_guard<std::mutex> lock(keptMu);
+    kept().push_back({&dev_, buf_, event_, control_, n_, rank_});
+  } else {
+    freeKept({&dev_, buf_, event_, control_, n_, rank_});
   }
   event_ = nullptr;
   buf_ = nullptr;
+  sweepKept();
 }
 
 }  // namespace samegpu
