@@ -22,6 +22,8 @@
 // Every call throws braid::Error naming the call and the runtime's message.
 #pragma once
 
+#include <unistd.h>
+
 #include <cstddef>
 #include <cstdint>
 #include <string>
@@ -143,6 +145,11 @@ class DeviceApi {
   // The exporter's event, here: streamWaitEvent/eventQuery on it see the
   // exporter's records; eventDestroy closes it.
   virtual Event ipcOpenEvent(const std::string& handle) = 0;
+  // Which process IPC counts this caller as (getpid(); a test's simulated
+  // device may count threads as processes): ranks with the same one cannot
+  // open each other's handles (Note [Thread ranks on one GPU] in
+  // cuda/nccl/executor_choice.h).
+  virtual int64_t processId() { return static_cast<int64_t>(getpid()); }
 };
 
 // The CUDA runtime torch loaded; throws braid::Error saying why when there is

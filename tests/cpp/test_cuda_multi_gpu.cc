@@ -23,6 +23,7 @@
 #include "cuda/nccl/executor_choice.h"
 #include "cuda/shared_gpu/multi_gpu.h"
 #include "nccl_sim_ranks.h"
+#include "sim/device/sim_device.h"
 #include "timing.h"
 
 namespace braid {
@@ -78,6 +79,7 @@ void runHier(const std::vector<int>& deviceOf, F body, int timeoutMs = 20000) {
   std::vector<std::thread> ts;
   for (int r = 0; r < n; ++r) {
     ts.emplace_back([&, r] {
+      sim::setThreadProcess(r + 1);  // each rank a process to CUDA IPC (Note [Simulated IPC])
       dev().setDevice(deviceOf[r]);
       auto api = hierarchicalCollectives(dev(), nccl, store, "test/", layout,
                                          std::chrono::milliseconds(timeoutMs));

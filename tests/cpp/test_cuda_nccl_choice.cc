@@ -56,6 +56,42 @@ TEST(CudaExecutorChoice, OneSharedGpuRunsSameGpuCollectives) {
       << e;
 }
 
+// Note [Thread ranks on one GPU] in executor_choice.h: ranks of one process
+// cannot open each other's IPC handles.
+TEST(CudaExecutorChoice, ThreadRanksOnOneGpuAreRefusedTheSameGpuCollectives) {
+  auto ranks = [](const char* setting, int64_t p0, int64_t p1, int64_t p2) {
+    std::vector<CudaRankInfo> v = {info("GPU-a", 22809, setting), info("GPU-a", 22809, setting),
+                                   info("GPU-a", 22809, setting)};
+    v[0].process = p0;
+    v[1].process = p1;
+    v[2].process = p2;
+    return v;
+  };
+  std::string e = errorOf(ranks("same-gpu", 100, 200, 200));
+  EXPECT_TRUE(contains(e, "BRAID_CUDA_EXECUTOR=same-gpu, but ranks 1 and 2 share GPU GPU-a and "
+                          "are threads of one process (200), and CUDA IPC, which the same-GPU "
+                          "collectives need, does not open a handle in the process that "
+                          "exported it")) << e;
+  auto c = chooseCudaExecutor(ranks("auto", 7, 100, 7), 0);
+  EXPECT_EQ(c.kind, CudaExecutorKind::kStaged);
+  EXPECT_TRUE(contains(c.reason, "ranks 0 and 2 share GPU GPU-a and are threads of one process "
+                                 "(7)")) << c.reason;
+  EXPECT_EQ(chooseCudaExecutor(ranks("auto", 1, 2, 3), 0).kind, CudaExecutorKind::kSameGpu);
+  EXPECT_EQ(chooseCudaExecutor(ranks("auto", 0, 0, 0), 0).kind, CudaExecutorKind::kSameGpu)
+      << "0: unknown";
+  // One process, a GPU each: NCCL, which needs no IPC.
+  std::vector<CudaRankInfo> own = {info("GPU-a"), info("GPU-b")};
+  own[0].process = own[1].process = 9;
+  EXPECT_EQ(chooseCudaExecutor(own, 0).kind, CudaExecutorKind::kNccl);
+  // Hierarchical: two threads of one process on GPU-b.
+  std::vector<CudaRankInfo> hier = {info("GPU-a", 22809, "hier"), info("GPU-a", 22809, "hier"),
+                                    info("GPU-b", 22809, "hier"), info("GPU-b", 22809, "hier")};
+  for (int r = 0; r < 4; ++r) hier[r].process = r == 3 ? 3 : r + 1;
+  e = errorOf(hier);
+  EXPECT_TRUE(contains(e, "BRAID_CUDA_EXECUTOR=hier, but ranks 2 and 3 share GPU GPU-b and are "
+                          "threads of one process (3)")) << e;
+}
+
 TEST(CudaExecutorChoice, SharedGpuIsStaged) {
   auto c = chooseCudaExecutor({info("GPU-a"), info("GPU-b"), info("GPU-a")}, 0);
   EXPECT_EQ(c.kind, CudaExecutorKind::kStaged);
@@ -151,7 +187,9 @@ TEST(CudaExecutorChoice, InfoRoundTripsThroughTheStore) {
   i.device = 3;
   i.cc = 75;
   i.kernels = "no kernel image; (209)";  // and in the kernels' report
+  i.process = (int64_t{4242} << 16) + 3;  // a simulated process id is wider than a pid
   CudaRankInfo j = CudaRankInfo::decode(i.encode(), 3);
+  EXPECT_EQ(j.process, (int64_t{4242} << 16) + 3);
   EXPECT_EQ(j.setting, "nccl");
   EXPECT_EQ(j.ncclVersion, 22809);
   EXPECT_EQ(j.uuid, "GPU-12;34");
@@ -166,7 +204,7 @@ TEST(CudaExecutorChoice, InfoRoundTripsThroughTheStore) {
   EXPECT_THROW(CudaRankInfo::decode("auto;22809;0;90;x;u", 3), Error);
   std::string e;
   try {
-    CudaRankInfo::decode("auto;22809;0;90;99;short", 3);
+    CudaRankInfo::decode("auto;22809;0;90;4242;99;short", 3);
   } catch (const Error& x) {
     e = x.what();
   }

@@ -11,10 +11,15 @@
 // tests/python/test_cuda_sim_same_gpu.py.
 #include <gtest/gtest.h>
 
+#include <unistd.h>
+
 #include <algorithm>
+#include <atomic>
+#include <chrono>
 #include <cmath>
 #include <cstdlib>
 #include <cstring>
+#include <functional>
 #include <memory>
 #include <thread>
 #include <vector>
@@ -24,6 +29,7 @@
 #include "cuda/shared_gpu/same_gpu.h"
 #include "cuda/shared_gpu/same_gpu_comm.h"
 #include "nccl_sim_ranks.h"
+#include "sim/device/sim_device.h"
 #include "timing.h"
 
 namespace braid {
@@ -32,7 +38,17 @@ namespace {
 
 using namespace testing;  // NOLINT
 using braid::testing::MemoryStore;
-using braid::testing::runRanks;
+
+// Runs fn(rank) on `size` threads, each counted as its own process by the
+// simulated device's IPC rules (Note [Simulated IPC]: CUDA opens no handle in
+// the process that exported it; sim::setThreadProcess).
+void runRanks(int size, const std::function<void(int)>& fn) {
+  braid::testing::runRanks(size, [&](int rank) {
+    sim::setThreadProcess(rank + 1);
+    fn(rank);
+    sim::setThreadProcess(0);
+  });
+}
 
 // A half of 4 KiB: a few hundred elements per chunk, so every op here runs
 // in several chunks and alternates halves.
@@ -585,6 +601,169 @@ TEST_F(SameGpu, RanksMustAgreeOnTheSmallMessageThreshold) {
       << api.lastError(c1);
   api.commAbort(c0);
   api.commAbort(c1);
+}
+
+// ---- Note [Simulated IPC]: IPC as CUDA has it. Each rule with a deliberately
+// wrong use that must fail. One test thread plays two processes by switching
+// its simulated process (sim::setThreadProcess).
+
+std::string errorOf(const std::function<void()>& fn) {
+  try {
+    fn();
+  } catch (const std::exception& e) {
+    return e.what();
+  }
+  return "no error";
+}
+
+struct AsProcess {
+  explicit AsProcess(int id) { sim::setThreadProcess(id); }
+  ~AsProcess() { sim::setThreadProcess(0); }
+};
+
+TEST(SimIpc, AHandleIsOnlyForAnAllocationsBase) {
+  AsProcess p1(1);
+  dev().setDevice(0);
+  char* p = static_cast<char*>(dev().deviceAllocShareable(0, 4096));
+  EXPECT_NO_THROW(dev().ipcMemHandle(p));
+  const std::string e = errorOf([&] { dev().ipcMemHandle(p + 256); });
+  EXPECT_NE(e.find("256 bytes into the allocation at"), std::string::npos) << e;
+  EXPECT_NE(e.find("a handle is only for an allocation's base"), std::string::npos) << e;
+  dev().deviceFree(p);
+}
+
+TEST(SimIpc, AHandleDoesNotOpenInTheProcessThatExportedIt) {
+  AsProcess p1(1);
+  dev().setDevice(0);
+  void* p = dev().deviceAllocShareable(0, 4096);
+  Event ev = dev().eventCreateShareable(0);
+  const std::string mem = dev().ipcMemHandle(p), evh = dev().ipcEventHandle(ev);
+  std::string e = errorOf([&] { dev().ipcOpenMem(mem); });
+  EXPECT_NE(e.find("ipcOpenMem: the handle was exported by this process"), std::string::npos)
+      << e;
+  e = errorOf([&] { dev().ipcOpenEvent(evh); });
+  EXPECT_NE(e.find("ipcOpenEvent: the handle was exported by this process"), std::string::npos)
+      << e;
+  sim::setThreadProcess(2);  // another process opens both
+  void* q = dev().ipcOpenMem(mem);
+  Event opened = dev().ipcOpenEvent(evh);
+  dev().ipcCloseMem(q);
+  dev().eventDestroy(opened);
+  sim::setThreadProcess(1);
+  dev().eventDestroy(ev);
+  dev().deviceFree(p);
+}
+
+TEST(SimIpc, AHandleOpensOncePerProcess) {
+  AsProcess p1(1);
+  dev().setDevice(0);
+  void* p = dev().deviceAllocShareable(0, 4096);
+  const std::string mem = dev().ipcMemHandle(p);
+  sim::setThreadProcess(2);
+  void* q = dev().ipcOpenMem(mem);
+  const std::string e = errorOf([&] { dev().ipcOpenMem(mem); });
+  EXPECT_NE(e.find("ipcOpenMem: the handle is already open in this process"), std::string::npos)
+      << e;
+  dev().ipcCloseMem(q);
+  void* again = dev().ipcOpenMem(mem);  // closed, it opens again
+  dev().ipcCloseMem(again);
+  sim::setThreadProcess(1);
+  dev().deviceFree(p);
+}
+
+// A stream that waits on an opened event whose record has not run waits on,
+// though the waiter destroys its handle: what an abort cannot undo on a GPU.
+TEST(SimIpc, DestroyingAnOpenedEventDoesNotEndAWaitOnIt) {
+  AsProcess p1(1);
+  dev().setDevice(0);
+  Stream a = dev().streamCreate(0);
+  Event ev = dev().eventCreateShareable(0);
+  std::atomic<bool> gate{false};
+  dev().launchHostFunc(a, [&] {
+    while (!gate.load()) std::this_thread::sleep_for(std::chrono::milliseconds(1));
+  });
+  dev().eventRecord(ev, a);
+  const std::string h = dev().ipcEventHandle(ev);
+  sim::setThreadProcess(2);
+  Stream b = dev().streamCreate(0);
+  Event opened = dev().ipcOpenEvent(h);
+  dev().streamWaitEvent(b, opened);
+  dev().eventDestroy(opened);
+  std::this_thread::sleep_for(std::chrono::milliseconds(200));
+  EXPECT_FALSE(dev().streamQuery(b)) << "destroying the opened event ended the wait on it";
+  gate = true;  // the record runs: the wait ends
+  dev().streamSynchronize(b);
+  EXPECT_TRUE(dev().streamQuery(b));
+  dev().streamDestroy(b);
+  sim::setThreadProcess(1);
+  dev().streamSynchronize(a);
+  dev().eventDestroy(ev);
+  dev().streamDestroy(a);
+}
+
+// Memory its exporter freed while mapped here: the next copy that touches it
+// is an illegal address, and the stream stays failed.
+TEST(SimIpc, MemoryFreedByItsExporterWhileMappedIsAnIllegalAddress) {
+  AsProcess p1(1);
+  dev().setDevice(0);
+  void* p = dev().deviceAllocShareable(0, 4096);
+  const std::string mem = dev().ipcMemHandle(p);
+  sim::setThreadProcess(2);
+  Stream b = dev().streamCreate(0);
+  void* q = dev().ipcOpenMem(mem);
+  void* local = dev().deviceAlloc(0, 4096);
+  dev().memcpyAsync(local, q, 4096, b);
+  EXPECT_NO_THROW(dev().streamSynchronize(b));
+  sim::setThreadProcess(1);
+  dev().deviceFree(p);  // wrong: process 2 still maps it
+  sim::setThreadProcess(2);
+  dev().memcpyAsync(local, q, 4096, b);
+  std::string e = errorOf([&] { dev().streamSynchronize(b); });
+  EXPECT_NE(e.find("an illegal memory access was encountered (cudaErrorIllegalAddress): IPC "
+                   "memory at"), std::string::npos) << e;
+  EXPECT_NE(e.find("was freed by its exporter (pid " + std::to_string(getpid()) +
+                   ") while mapped here"), std::string::npos) << e;
+  dev().memcpyAsync(local, static_cast<char*>(local) + 2048, 1024, b);  // sticky
+  e = errorOf([&] { dev().streamSynchronize(b); });
+  EXPECT_NE(e.find("cudaErrorIllegalAddress"), std::string::npos) << e;
+  dev().ipcCloseMem(q);
+  dev().deviceFree(local);
+  dev().streamDestroy(b);
+}
+
+// Note [Exported buffers outlive their mappings]: a rank that aborts while a
+// peer still maps its buffer keeps it, so the peer's copies out of it (still
+// enqueued in a real abort) do not touch freed memory, which the simulated
+// device makes an illegal address (Note [Simulated IPC]).
+TEST(SameGpuAbort, AnAbortingRankKeepsTheBufferAPeerMaps) {
+  setenv("BRAID_CUDA_SAME_GPU_BYTES", "8192", 1);
+  NcclApi& api = sameGpuCollectives(dev());
+  AsProcess p1(1);
+  dev().setDevice(0);
+  NcclUniqueId id;
+  ASSERT_EQ(api.getUniqueId(&id), kNcclSuccess);
+  NcclComm c0 = nullptr, c1 = nullptr;
+  ASSERT_EQ(api.commInitRank(&c0, 2, id, 0, /*blocking=*/false), kNcclInProgress);
+  sim::setThreadProcess(2);
+  ASSERT_EQ(api.commInitRank(&c1, 2, id, 1, /*blocking=*/false), kNcclInProgress);
+  NcclResult e = kNcclInProgress;
+  ASSERT_EQ(api.commGetAsyncError(c1, &e), kNcclSuccess);
+  ASSERT_EQ(e, kNcclSuccess) << api.lastError(c1);  // rank 1 maps rank 0's buffer
+  sim::setThreadProcess(1);
+  ASSERT_EQ(api.commGetAsyncError(c0, &e), kNcclSuccess);
+  ASSERT_EQ(e, kNcclSuccess) << api.lastError(c0);
+  api.commAbort(c0);
+  sim::setThreadProcess(2);
+  auto* comm1 = static_cast<samegpu::Comm*>(c1);
+  Stream s = dev().streamCreate(0);
+  void* local = dev().deviceAlloc(0, 4096);
+  dev().memcpyAsync(local, comm1->half(0), 4096, s);
+  const std::string err = errorOf([&] { dev().streamSynchronize(s); });
+  EXPECT_EQ(err, "no error") << "rank 1 read rank 0's buffer after rank 0 aborted";
+  dev().deviceFree(local);
+  dev().streamDestroy(s);
+  api.commDestroy(c1);
+  unsetenv("BRAID_CUDA_SAME_GPU_BYTES");
 }
 
 }  // namespace

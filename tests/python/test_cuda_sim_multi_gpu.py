@@ -29,7 +29,7 @@ HALF = 4096  # BRAID_CUDA_SAME_GPU_BYTES / 2: several chunks per op
 N = 4
 
 
-def _run_ranks(body, n=N, timeout_s=60, device_of=lambda r: r // 2):
+def _run_ranks(body, n=N, timeout_s=60, device_of=lambda r: r // 2, as_processes=True):
     import torch
     import braid_sim
     from torch_braid import _C
@@ -41,6 +41,9 @@ def _run_ranks(body, n=N, timeout_s=60, device_of=lambda r: r // 2):
     errors = [None] * n
 
     def main(r):
+        # Each rank thread a process to CUDA IPC's rules (Note [Thread ranks on one GPU] in
+        # csrc/cuda/nccl/executor_choice.h): real thread ranks get no same-GPU collectives.
+        braid_sim.set_thread_process(r + 1 if as_processes else 0)
         pg = _C.ProcessGroupBraid(store, r, n, datetime.timedelta(seconds=30))
         try:
             body(r, pg, torch.device("cuda", device_of(r)))
@@ -109,6 +112,38 @@ def test_all_reduce_and_broadcast_run_hierarchically():
         C.require(f"rank {r}: the broadcasts", pg, before, exp, "hier")
 
     _run_ranks(body)
+
+
+# Note [Thread ranks on one GPU] in csrc/cuda/nccl/executor_choice.h: threads of one process
+# cannot open each other's CUDA IPC handles, so they get no same-GPU collectives.
+@pytest.mark.parametrize("setting", ["auto", "same-gpu"])
+def test_thread_ranks_on_one_gpu_get_no_same_gpu_collectives(setting):
+    import torch
+
+    def body(r, pg, cuda):
+        t = torch.full((5,), float(r + 1), device=cuda)
+        if setting == "auto":
+            pg.allreduce([t]).wait()
+            executor = pg._cuda_executor()
+            assert executor.startswith("staged"), executor
+            assert "ranks 0 and 1 share GPU" in executor, executor
+            assert "are threads of one process" in executor, executor
+            assert torch.equal(t.cpu(), torch.full((5,), 3.0)), t.cpu()
+        else:
+            with pytest.raises(RuntimeError) as e:
+                pg.allreduce([t]).wait()
+            assert ("BRAID_CUDA_EXECUTOR=same-gpu, but ranks 0 and 1 share GPU" in str(e.value)
+                    and "are threads of one process" in str(e.value)), str(e.value)
+
+    saved = os.environ.get("BRAID_CUDA_EXECUTOR")
+    os.environ["BRAID_CUDA_EXECUTOR"] = setting
+    try:
+        _run_ranks(body, n=2, device_of=lambda r: 0, as_processes=False)
+    finally:
+        if saved is None:
+            del os.environ["BRAID_CUDA_EXECUTOR"]
+        else:
+            os.environ["BRAID_CUDA_EXECUTOR"] = saved
 
 
 def test_ops_it_lacks_are_staged():

@@ -286,3 +286,61 @@ def test_ranks_that_disagree_on_the_small_threshold_fail_naming_both():
         message = outcomes[r].value
         assert "BRAID_CUDA_SAME_GPU_SMALL_BYTES" in message, message
         assert f"({r}) runs with {mine}, rank {other} with {theirs}" in message, message
+
+
+def _killed_mid_op(ctx, count):
+    """Rank 1 holds its stream back (a slow kernel), enqueues an allreduce (its barrier
+    published on the host, its event record still pending on the stream) and is SIGKILLed:
+    the record never runs. Rank 0's allreduce must raise, and its device synchronize
+    return, on a worker so that a hang is an answer, not a stuck test."""
+    import signal
+    import threading
+    import time
+
+    import braid_sim
+
+    torch, dist = ctx.torch, ctx.dist
+    group, _ = _group(ctx)
+    t = torch.ones(count, device="cuda:0")
+    if ctx.rank == 1:
+        braid_sim.delay_current_stream(0, 60_000_000)  # every task from now on: 60 s first
+        t.add_(1)
+        dist.all_reduce(t, group=group, async_op=True)
+        time.sleep(2.0)
+        os.kill(os.getpid(), signal.SIGKILL)
+    out = {}
+
+    def survivor():
+        out["op"] = H.timed_allreduce(ctx, t, group)
+        t0 = time.monotonic()
+        try:
+            braid_sim.synchronize(0)
+            out["sync"] = ("returned", time.monotonic() - t0)
+        except RuntimeError as e:
+            out["sync"] = (f"raised: {e}", time.monotonic() - t0)
+
+    w = threading.Thread(target=survivor, daemon=True)
+    w.start()
+    w.join(45.0)
+    return out.get("op", ("hung: the allreduce did not end in 45 s", None)), \
+        out.get("sync", ("hung: the device synchronize did not end", None))
+
+
+# Note [A stream never waits on a dead peer] in csrc/cuda/shared_gpu/same_gpu.h; the
+# simulated device's waits end only by the record (Note [Simulated IPC]), as on a GPU.
+def test_a_peer_killed_before_its_record_ran_leaves_no_stream_waiting():
+    world = H.World(2, pg_timeout=20.0, name="same-gpu-killed")
+    pid1 = world.pids[1]
+    try:
+        outcomes = world.run_outcomes(_killed_mid_op, 7, expect_exit=True, timeout=90)
+    finally:
+        world.close(timeout=30, graceful=True)
+    assert outcomes[1].exitcode == -9, outcomes[1].describe()
+    assert outcomes[0].ok, outcomes[0].describe()
+    (message, took), (sync, _) = outcomes[0].value
+    assert not message.startswith("hung"), message
+    assert message != "no error", "an allreduce with a killed peer returned normally"
+    assert f"rank 1 (pid {pid1})" in message and "exited" in message, message
+    # Note [Timing bounds in tests] in tests/cpp/timing.h
+    assert took < H.early_bound(20.0), f"the killed rank was noticed after {took:.1f} s"
+    assert not sync.startswith("hung"), sync

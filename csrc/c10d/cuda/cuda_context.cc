@@ -244,6 +244,7 @@ void CudaContext::choose() {
   // Whether braid's kernels load here, for the same-GPU and hierarchical
   // executors (Note [Kernel images] in cuda/kernel_images.h).
   mine.device = device_.index();
+  mine.process = api_.processId();  // Note [Thread ranks on one GPU] in executor_choice.h
   try {
     mine.cc = api_.computeCapability(device_.index());
     mine.kernels = api_.kernelLoadError(device_.index());

@@ -57,16 +57,16 @@ const char* toString(CudaExecutorKind k) {
 }
 
 std::string CudaRankInfo::encode() const {
-  return strCat(setting, ";", ncclVersion, ";", device, ";", cc, ";", kernels.size(), ";", kernels,
-                uuid);
+  return strCat(setting, ";", ncclVersion, ";", device, ";", cc, ";", process, ";", kernels.size(),
+                ";", kernels, uuid);
 }
 
 CudaRankInfo CudaRankInfo::decode(const std::string& s, int rank) {
-  // setting;nccl;device;cc;length;<kernels><uuid>: the two free texts last,
-  // the first by its length (either may hold a ';').
+  // setting;nccl;device;cc;process;length;<kernels><uuid>: the two free
+  // texts last, the first by its length (either may hold a ';').
   std::vector<std::string> fields;
   size_t at = 0;
-  for (int i = 0; i < 5; ++i) {
+  for (int i = 0; i < 6; ++i) {
     const size_t end = s.find(';', at);
     BRAID_ENFORCE(end != std::string::npos, "init", rank, "malformed CUDA device info '", s, "'");
     fields.push_back(s.substr(at, end - at));
@@ -74,21 +74,23 @@ CudaRankInfo CudaRankInfo::decode(const std::string& s, int rank) {
   }
   CudaRankInfo info;
   info.setting = fields[0];
-  int numbers[4] = {};
-  const char* names[4] = {"NCCL version", "device", "compute capability", "kernel report length"};
-  for (int i = 0; i < 4; ++i) {
+  int64_t numbers[5] = {};
+  const char* names[5] = {"NCCL version", "device", "compute capability", "process",
+                          "kernel report length"};
+  for (int i = 0; i < 5; ++i) {
     try {
       size_t used = 0;
-      numbers[i] = std::stoi(fields[i + 1], &used);
+      numbers[i] = std::stoll(fields[i + 1], &used);
       if (used != fields[i + 1].size() || numbers[i] < 0) throw std::invalid_argument("");
     } catch (const std::exception&) {
       BRAID_THROW(Error, "init", rank, "malformed ", names[i], " in CUDA device info '", s, "'");
     }
   }
-  info.ncclVersion = numbers[0];
-  info.device = numbers[1];
-  info.cc = numbers[2];
-  const size_t length = static_cast<size_t>(numbers[3]);
+  info.ncclVersion = static_cast<int>(numbers[0]);
+  info.device = static_cast<int>(numbers[1]);
+  info.cc = static_cast<int>(numbers[2]);
+  info.process = numbers[3];
+  const size_t length = static_cast<size_t>(numbers[4]);
   BRAID_ENFORCE(length <= s.size() - at, "init", rank, "malformed CUDA device info '", s,
                 "': a kernel report of ", length, " bytes");
   info.kernels = s.substr(at, length);
@@ -104,6 +106,22 @@ std::string whyNoKernels(const std::vector<CudaRankInfo>& ranks) {
     if (!ranks[r].kernels.empty()) {
       return strCat("braid's kernels do not load on device ", ranks[r].device, " (",
                     smName(ranks[r].cc), ") of rank ", r, ": ", ranks[r].kernels);
+    }
+  }
+  return "";
+}
+// Why ranks sharing a GPU cannot open each other's IPC handles, or "": the
+// first two that share a GPU and a process (Note [Thread ranks on one GPU]).
+std::string whyNoIpc(const std::vector<CudaRankInfo>& ranks) {
+  std::map<std::pair<std::string, int64_t>, size_t> first;
+  for (size_t r = 0; r < ranks.size(); ++r) {
+    if (ranks[r].process == 0) continue;
+    auto it = first.emplace(std::make_pair(ranks[r].uuid, ranks[r].process), r).first;
+    if (it->second != r) {
+      return strCat("ranks ", it->second, " and ", r, " share GPU ", ranks[r].uuid,
+                    " and are threads of one process (", ranks[r].process,
+                    "), and CUDA IPC, which the same-GPU collectives need, does not open a "
+                    "handle in the process that exported it");
     }
   }
   return "";
@@ -138,7 +156,9 @@ CudaExecutorChoice chooseCudaExecutor(const std::vector<CudaRankInfo>& ranks, in
   for (size_t r = 1; r < ranks.size() && oneGpu; ++r) oneGpu = ranks[r].uuid == ranks[0].uuid;
   BRAID_ENFORCE(setting != "hier" || !oneGpu, "init", rank, "BRAID_CUDA_EXECUTOR=hier, but all ",
                 ranks.size(), " ranks share GPU ", ranks[0].uuid, "; use same-gpu or auto");
-  const std::string noKernels = whyNoKernels(ranks);
+  std::string noKernels = whyNoKernels(ranks);
+  // Thread ranks: as though the same-GPU collectives could not run.
+  if (noKernels.empty()) noKernels = whyNoIpc(ranks);
   if (setting == "same-gpu" || (setting == "auto" && oneGpu)) {
     BRAID_ENFORCE(oneGpu, "init", rank, "BRAID_CUDA_EXECUTOR=same-gpu, but the ranks do not all "
                   "share one GPU (rank 0 has ", ranks[0].uuid, ranks.size() > 1 ? strCat(

@@ -55,9 +55,11 @@ struct CudaRankInfo {
   int device = 0;       // the rank's device index, for messages
   int cc = 0;           // DeviceApi::computeCapability of it (75 is sm_75)
   std::string kernels;  // DeviceApi::kernelLoadError of it: "" when braid's kernels load
+  // DeviceApi::processId of the rank (0: unknown). Note [Thread ranks on one GPU].
+  int64_t process = 0;
 
-  // One line for the store ("auto;22809;0;90;0;<kernels><uuid>", the 0 before
-  // them the length of `kernels`) and back; decode throws braid::Error naming
+  // One line for the store ("auto;22809;0;90;4242;0;<kernels><uuid>", 4242
+  // the process, the 0 before them the length of `kernels`) and back; decode throws braid::Error naming
   // `rank` (the publisher) for a malformed value.
   std::string encode() const;
   static CudaRankInfo decode(const std::string& s, int rank);
@@ -66,6 +68,19 @@ struct CudaRankInfo {
 // BRAID_CUDA_EXECUTOR, checked: throws braid::Error naming "init", `rank`
 // and the valid values for anything else.
 std::string cudaExecutorSetting(int rank);
+
+// Note [Thread ranks on one GPU]
+// The same-GPU collectives (and the hierarchical executor's GPU-local part)
+// open every peer's buffer and event through CUDA IPC, which refuses a
+// handle in the process that exported it: ranks that are threads of one
+// process cannot serve each other that way, though they share the GPU's
+// UUID. So each rank publishes its process (DeviceApi::processId) with its
+// device info, and ranks that share a GPU and a process are refused by
+// BRAID_CUDA_EXECUTOR=same-gpu or hier with an error naming both ranks, the
+// GPU and the process; under auto they are staged through host memory
+// (which needs no IPC), the reason saying why. Only a test's simulated
+// device counts threads as processes (sim::setThreadProcess), so that the
+// C++ tests may run ranks as threads under CUDA's IPC rules.
 
 struct CudaExecutorChoice {
   CudaExecutorKind kind;

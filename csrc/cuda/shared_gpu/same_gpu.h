@@ -21,6 +21,8 @@
 //   that waits longer, never less. The host wait is bounded by the group's
 //   timeout (setTimeout) and ends early when a peer's process has exited or
 //   the peer aborted.
+//   A stream waits on a peer's event only once its record has run (Note [A
+//   stream never waits on a dead peer]).
 // - allreduce, per chunk of half a buffer: copy the input into this rank's
 //   half; barrier; reduce slice r of the chunk from every rank's half with one
 //   kernel (Note [Multi-source reduce] in kernels.cuh) into this rank's half;
@@ -37,6 +39,47 @@
 //   small messages take one (Note [Same-GPU small messages]).
 // - Ordering with the caller is the executor's (its comm stream waits on the
 //   caller's event first; the end event follows the last copy).
+//
+// Note [A stream never waits on a dead peer]
+// On a GPU, a stream that waits on an interprocess event whose record never
+// runs waits forever: the exporter's death does not end the wait, nor does
+// destroying the opened event (an abort), and the caller's next
+// torch.cuda.synchronize() hangs with it. A peer's published barrier number
+// says only that its record is enqueued; a peer SIGKILLed before its stream
+// reached the record never records it. So in barrier k a rank waits on the
+// host, after the peer published k, until eventQuery of the peer's event
+// says its latest record has run, checking on the way, as for the
+// published number, the group timeout, this rank's abort and whether the
+// peer aborted or its process exited (an error naming the op's barrier, this
+// rank's peer and why). Only then does it enqueue the stream wait, which can
+// no longer block. The latest record may be barrier k + 1's (a peer is at
+// most one barrier ahead); that one needs only this rank's barrier-k record,
+// already enqueued, so the wait ends. The cost: the host follows the peers'
+// streams to each barrier rather than running ahead of them; the device
+// work is ordered exactly as before. abort() therefore has nothing to undo
+// on the device. The simulated device keeps CUDA's rule (Note [Simulated
+// IPC] in tests/sim/device/sim_ipc.h), and
+// test_a_peer_killed_before_its_record_ran_leaves_no_stream_waiting in
+// tests/python/test_cuda_sim_same_gpu.py kills a peer in that window.
+//
+// Note [Exported buffers outlive their mappings]
+// Memory freed by its exporter while a peer maps it is undefined behaviour
+// on CUDA (in practice a sticky illegal-address error in the peer, whose
+// kernels may still read it after an abort). A rank's slot says whether it
+// may map the peers' buffers: kPublished from before it opens them until
+// close() has closed them, then kClosed. A rank frees its own buffer only
+// once every peer's slot is not kPublished or its process has exited; it
+// waits for that up to 2 s at destroy, and only 0.5 s after an abort (the
+// peers are failing too and close at once when they abort with it, but one
+// may be stuck for as long as its own timeout, and an abort must end
+// promptly). A buffer some peer may still map is
+// kept, deliberately (logged): every later close() in this process frees
+// the kept buffers no peer maps any more, and the rest stay until this
+// process exits, when the driver frees them; a peer's access after that
+// faults in a context that is failing anyway, rather than into memory this
+// process reuses. A rank whose
+// stream does not drain keeps its slot kPublished, since it still maps the
+// peers' buffers.
 //
 // Note [Same-GPU small messages]
 // A small allreduce is bound by its steps, not its bytes: two barriers (each

@@ -6,6 +6,7 @@
 
 #include <cerrno>
 #include <cstring>
+#include <mutex>
 #include <thread>
 
 #include "common/error.h"
@@ -73,6 +74,69 @@ bool Comm::peerGone(int q, std::string* why, bool closedIsGone) const {
     return true;
   }
   return false;
+}
+
+namespace {
+
+// Whether rank q of `control` may still map its peers' buffers.
+bool mapsPeers(const Control& control, int q) {
+  const Slot& s = control.slots[q];
+  // A peer opens the handles only after every rank published, and marks its
+  // slot kClosed only after it closed them; a process that exited maps nothing.
+  if (s.state.load(std::memory_order_acquire) != kPublished) return false;
+  const pid_t pid = s.pid;
+  return !(pid > 0 && kill(pid, 0) != 0 && errno == ESRCH);
+}
+
+// Note [Exported buffers outlive their mappings]: the buffers close() could
+// not free yet, freed by a later close() in this process once no peer maps
+// them, else at exit.
+struct Kept {
+  DeviceApi* dev;
+  void* buf;
+  Event event;
+  std::shared_ptr<transport::shm::SharedRegion> control;
+  int n, rank;
+};
+std::mutex keptMu;
+std::vector<Kept>& kept() {
+  static auto* k = new std::vector<Kept>();  // process lifetime: freed at exit by the driver
+  return *k;
+}
+
+void freeKept(const Kept& k) {
+  try {
+    if (k.event) k.dev->eventDestroy(k.event);
+    if (k.buf) k.dev->deviceFree(k.buf);
+  } catch (const std::exception& e) {
+    BRAID_LOG(kWarn, "same-gpu", k.rank) << "freeing a kept same-GPU buffer: " << e.what();
+  }
+}
+
+void sweepKept() {
+  std::vector<Kept> done;
+  {
+    std::lock_guard<std::mutex> lock(keptMu);
+    auto& all = kept();
+    for (auto it = all.begin(); it != all.end();) {
+      const Control& c = *static_cast<const Control*>(it->control->data());
+      bool mapped = false;
+      for (int q = 0; q < it->n && !mapped; ++q) mapped = q != it->rank && mapsPeers(c, q);
+      if (mapped) {
+        ++it;
+      } else {
+        done.push_back(*it);
+        it = all.erase(it);
+      }
+    }
+  }
+  for (const Kept& k : done) freeKept(k);
+}
+
+}  // namespace
+
+bool Comm::peerMaps(int q) const {
+  return mapsPeers(*static_cast<const Control*>(control_->data()), q);
 }
 
 NcclResult Comm::poll() {
@@ -157,7 +221,25 @@ NcclResult Comm::barrier(Stream s) {
       }
       std::this_thread::sleep_for(std::chrono::microseconds(spins < 4096 ? 2 : 50));
     }
+    // Note [A stream never waits on a dead peer]: the peer's record for
+    // barrier k must have run before this stream may wait on its event.
     try {
+      for (int spins = 0; !dev_.eventQuery(events_[q]); ++spins) {
+        if (spins < 256) {
+          std::this_thread::yield();
+          continue;
+        }
+        if (aborted_.load()) return fail(kNcclRemoteError, "the communicator was aborted");
+        if (peerGone(q, &why, /*closedIsGone=*/true)) return fail(kNcclRemoteError, why);
+        if (std::chrono::steady_clock::now() > deadline) {
+          return fail(kNcclSystemError,
+                      strCat("timed out after ", timeout_.count(), " ms waiting for rank ", q,
+                             "'s stream to reach same-GPU barrier ", k,
+                             " (its host did): a peer whose GPU work is stuck or that died "
+                             "with it pending"));
+        }
+        std::this_thread::sleep_for(std::chrono::microseconds(spins < 4096 ? 2 : 50));
+      }
       dev_.streamWaitEvent(s, events_[q]);
     } catch (const std::exception& e) {
       return fail(kNcclUnhandledCudaError, e.what());
@@ -169,16 +251,9 @@ NcclResult Comm::barrier(Stream s) {
 void Comm::abort() {
   if (aborted_.exchange(true)) return;
   slot(rank_).aborted.store(1, std::memory_order_release);
-  // Closing the opened events ends stream waits on them (the simulated
-  // device checks; a GPU's waits end when the peers' kernels do).
-  for (int q = 0; q < n_; ++q) {
-    if (q == rank_ || !events_[q]) continue;
-    try {
-      dev_.eventDestroy(events_[q]);
-    } catch (const std::exception&) {
-    }
-    events_[q] = nullptr;
-  }
+  // Nothing to release on the device: no stream here waits on a peer's
+  // event that has not run (Note [A stream never waits on a dead peer]),
+  // and destroying an opened event would not end such a wait on CUDA.
 }
 
 void Comm::close() {
@@ -200,9 +275,11 @@ void Comm::close() {
       idle = true;
     }
     if (!idle) {
+      // The slot stays kPublished: the peers' buffers are still mapped here,
+      // so their exporters must keep them (Note [Exported buffers outlive
+      // their mappings]).
       BRAID_LOG(kError, "same-gpu", rank_)
           << "the communicator's stream is still busy after 10 s: its buffers stay mapped";
-      slot(rank_).state.store(kClosed, std::memory_order_release);
       return;
     }
   }
@@ -218,26 +295,34 @@ void Comm::close() {
     bufs_[q] = nullptr;
   }
   slot(rank_).state.store(kClosed, std::memory_order_release);
-  // The exporter frees its buffer only once no peer maps it (each closes its
-  // handles before it marks its slot closed), or it has gone.
-  // After an abort the peers are failing too: no wait.
+  // Note [Exported buffers outlive their mappings]: freed only once no peer
+  // maps it; else kept until this process exits.
   const auto until = std::chrono::steady_clock::now() +
-                     (aborted_.load() ? std::chrono::seconds(0) : std::chrono::seconds(2));
+                     (aborted_.load() ? std::chrono::milliseconds(500) : std::chrono::seconds(2));
+  int mapping = -1;  // a peer that may still map this rank's buffer
   for (int q = 0; q < n_; ++q) {
-    std::string why;
-    while (q != rank_ && slot(q).state.load(std::memory_order_acquire) == kPublished &&
-           !peerGone(q, &why, true) && std::chrono::steady_clock::now() < until) {
+    while (q != rank_ && peerMaps(q)) {
+      if (std::chrono::steady_clock::now() >= until) {
+        mapping = q;
+        break;
+      }
       std::this_thread::sleep_for(std::chrono::microseconds(200));
     }
+    if (mapping >= 0) break;
   }
-  try {
-    if (event_) dev_.eventDestroy(event_);
-    if (buf_) dev_.deviceFree(buf_);
-  } catch (const std::exception& e) {
-    BRAID_LOG(kWarn, "same-gpu", rank_) << "freeing the communicator's buffer: " << e.what();
+  if (mapping >= 0) {
+    BRAID_LOG(kWarn, "same-gpu", rank_)
+        << "rank " << mapping << " may still map this rank's same-GPU buffer ("
+        << 2 * halfBytes_ << " bytes): kept until it closes (seen by a later close in this "
+        << "process) or this process exits";
+    std::lock_guard<std::mutex> lock(keptMu);
+    kept().push_back({&dev_, buf_, event_, control_, n_, rank_});
+  } else {
+    freeKept({&dev_, buf_, event_, control_, n_, rank_});
   }
   event_ = nullptr;
   buf_ = nullptr;
+  sweepKept();
 }
 
 }  // namespace samegpu

@@ -50,11 +50,12 @@ class Comm {
   // kNcclRemoteError (lastError() says which).
   NcclResult poll();
   // Records this rank's event on `s`, publishes it, waits on the host for
-  // every peer to do the same (up to the timeout), then orders `s` after
-  // each peer's event. Not kNcclSuccess: lastError() says why.
+  // every peer to do the same and for its record to have run (up to the
+  // timeout), then orders `s` after each peer's event. Not kNcclSuccess:
+  // lastError() says why.
   NcclResult barrier(Stream s);
-  // Marks the communicator aborted: host waits end, and the peers' opened
-  // events are closed so that stream waits on them end too.
+  // Marks the communicator aborted: host waits end (no stream waits on a
+  // peer's unrecorded event, so none is left to end).
   void abort();
 
   int rank() const { return rank_; }
@@ -76,6 +77,9 @@ class Comm {
  private:
   Slot& slot(int q) const;
   bool peerGone(int q, std::string* why, bool closedIsGone) const;
+  // Whether rank q may still map this rank's buffer (Note [Exported buffers
+  // outlive their mappings] in same_gpu.h).
+  bool peerMaps(int q) const;
   void close();
 
   DeviceApi& dev_;

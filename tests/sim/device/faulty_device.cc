@@ -202,5 +202,7 @@ Event FaultyDevice::ipcOpenEvent(const std::string& handle) {
   return inner_.ipcOpenEvent(handle);
 }
 
+int64_t FaultyDevice::processId() { return inner_.processId(); }
+
 }  // namespace cuda
 }  // namespace braid

@@ -90,6 +90,7 @@ class FaultyDevice final : public SimulatedDevice {
   Event eventCreateShareable(int device) override;
   std::string ipcEventHandle(Event e) override;
   Event ipcOpenEvent(const std::string& handle) override;
+  int64_t processId() override;
 
   void setStreamDelay(Stream s, std::chrono::microseconds delay) override {
     inner_.setStreamDelay(s, delay);
@@ -98,6 +99,7 @@ class FaultyDevice final : public SimulatedDevice {
     inner_.launchHostFunc(s, std::move(fn));
   }
   void enqueueFree(Stream s, void* p) override { inner_.enqueueFree(s, p); }
+  void deviceSynchronize(int device) override { inner_.deviceSynchronize(device); }
   std::vector<int> contexts() override { return inner_.contexts(); }
   void forgetContexts() override { inner_.forgetContexts(); }
   void setComputeCapability(int device, int cc) override { inner_.setComputeCapability(device, cc); }

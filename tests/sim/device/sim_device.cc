@@ -14,6 +14,8 @@
 // use. Like every stream here it orders only through events: it does not
 // synchronize implicitly with other streams (the streams braid creates are
 // cudaStreamNonBlocking, which do not either).
+#include <unistd.h>
+
 #include <atomic>
 #include <cstdlib>
 #include <cstring>
@@ -43,6 +45,16 @@ constexpr size_t kAlignment = 64;
 // Per thread, as cudaSetDevice; -1 until the thread sets one (Note [Simulated
 // contexts] in sim_device.h).
 thread_local int tCurrentDevice = -1;
+// Note [Simulated IPC] in sim_ipc.h: the simulated process this thread acts
+// as for the IPC rules (0: the real one); sim::setThreadProcess.
+thread_local int tProcess = 0;
+
+// A shareable allocation's tail: set when its exporter frees it.
+constexpr size_t kFreedFlagBytes = 64;
+std::atomic<uint32_t>* freedFlag(const transport::shm::SharedRegion& r) {
+  return reinterpret_cast<std::atomic<uint32_t>*>(static_cast<char*>(r.data()) + r.size() -
+                                                  kFreedFlagBytes);
+}
 
 std::string bootId() {
   std::ifstream in("/proc/sys/kernel/random/boot_id");
@@ -133,6 +145,17 @@ class SimDevice final : public SimulatedDevice {
     needContext();
     stream("streamSynchronize", s)->synchronize();
   }
+  void deviceSynchronize(int device) override {
+    checkDevice("deviceSynchronize", device);
+    std::vector<std::shared_ptr<SimStream>> all;
+    {
+      std::lock_guard<std::mutex> lk(mu_);
+      for (const auto& [h, st] : streams_) {
+        if (st->device() == device) all.push_back(st);
+      }
+    }
+    for (const auto& st : all) st->synchronize();
+  }
   bool streamQuery(Stream s) override {
     needContext();
     return stream("streamQuery", s)->query();
@@ -149,12 +172,13 @@ class SimDevice final : public SimulatedDevice {
 
   void eventDestroy(Event handle) override {
     // Pending records and waits hold their own reference, so destroying an
-    // event with work in flight is safe, as on CUDA.
+    // event with work in flight is safe, as on CUDA. It does not end a wait
+    // on it either (Note [Simulated IPC]).
     needContext();
     std::lock_guard<std::mutex> lk(mu_);
     auto ipc = ipcEvents_.find(handle);
     if (ipc != ipcEvents_.end()) {
-      if (!ipc->second->owner()) ipc->second->close();  // waits on it give up
+      if (!ipc->second->owner()) openedHandles_.erase({tProcess, ipc->second->handle()});
       ipcEvents_.erase(ipc);
       return;
     }
@@ -217,8 +241,12 @@ class SimDevice final : public SimulatedDevice {
       throw Error(strCat("braid: memcpyAsync(dst=", dst, ", src=", src, ", bytes=", bytes,
                          "): null pointer"));
     }
+    auto mapped = mappedPeers({dst, src});
     s->enqueue(strCat("memcpyAsync(dst=", dst, ", src=", src, ", bytes=", bytes, ")"),
-               [dst, src, bytes] { std::memmove(dst, src, bytes); });
+               [dst, src, bytes, mapped] {
+                 checkMapped(mapped);
+                 std::memmove(dst, src, bytes);
+               });
   }
 
   void* hostAlloc(size_t bytes) override {
@@ -241,7 +269,13 @@ class SimDevice final : public SimulatedDevice {
   void freeDevice(void* p) {
     {
       std::lock_guard<std::mutex> lk(mu_);
-      if (shared_.erase(p) > 0) return;  // the region unmaps when its last owner goes
+      auto it = shared_.find(p);
+      if (it != shared_.end()) {
+        // Note [Simulated IPC]: a peer that still maps it faults on its next touch.
+        freedFlag(*it->second)->store(1, std::memory_order_release);
+        shared_.erase(it);  // the region unmaps when its last owner goes
+        return;
+      }
     }
     release("deviceFree", p, 0);
   }
@@ -250,9 +284,12 @@ class SimDevice final : public SimulatedDevice {
   void* deviceAllocShareable(int device, size_t bytes) override {
     checkDevice("deviceAllocShareable", device);
     onDeviceCall(device);
-    auto r = sim::SharedRegion::create(bytes, "deviceAllocShareable");
+    const size_t rounded = (bytes + kFreedFlagBytes - 1) / kFreedFlagBytes * kFreedFlagBytes;
+    auto r = sim::SharedRegion::create(rounded + kFreedFlagBytes, "deviceAllocShareable");
+    new (freedFlag(*r)) std::atomic<uint32_t>(0);
     std::lock_guard<std::mutex> lk(mu_);
     shared_[r->data()] = r;
+    exportedBy_[r->handle()] = tProcess;
     return r->data();
   }
   std::string ipcMemHandle(void* p) override {
@@ -260,6 +297,16 @@ class SimDevice final : public SimulatedDevice {
     std::lock_guard<std::mutex> lk(mu_);
     auto it = shared_.find(p);
     if (it == shared_.end()) {
+      for (const auto& [base, r] : shared_) {
+        const char* b = static_cast<const char*>(base);
+        if (p > base && static_cast<const char*>(p) < b + r->size()) {
+          // cudaIpcGetMemHandle names an allocation; an interior pointer's
+          // handle would open at the base.
+          throw Error(strCat("braid: ipcMemHandle(", p, "): ", static_cast<const char*>(p) - b,
+                             " bytes into the allocation at ", base,
+                             "; a handle is only for an allocation's base"));
+        }
+      }
       throw Error(strCat("braid: ipcMemHandle(", p, "): not memory from deviceAllocShareable"));
     }
     return it->second->handle();
@@ -268,15 +315,19 @@ class SimDevice final : public SimulatedDevice {
     needContext();
     auto r = sim::SharedRegion::open(handle, "ipcOpenMem");
     std::lock_guard<std::mutex> lk(mu_);
+    checkOpen("ipcOpenMem", handle, r->exporter());
     opened_[r->data()] = r;
     return r->data();
   }
   void ipcCloseMem(void* p) override {
     needContext();
     std::lock_guard<std::mutex> lk(mu_);
-    if (opened_.erase(p) == 0) {
+    auto it = opened_.find(p);
+    if (it == opened_.end()) {
       throw Error(strCat("braid: ipcCloseMem(", p, "): not memory opened with ipcOpenMem"));
     }
+    openedHandles_.erase({tProcess, it->second->handle()});
+    opened_.erase(it);
   }
   Event eventCreateShareable(int device) override {
     checkDevice("eventCreateShareable", device);
@@ -284,6 +335,7 @@ class SimDevice final : public SimulatedDevice {
     auto e = std::make_shared<sim::SharedEvent>(device);
     std::lock_guard<std::mutex> lk(mu_);
     ipcEvents_[e.get()] = e;
+    exportedBy_[e->handle()] = tProcess;
     return e.get();
   }
   std::string ipcEventHandle(Event handle) override {
@@ -299,8 +351,13 @@ class SimDevice final : public SimulatedDevice {
     needContext();
     auto e = std::make_shared<sim::SharedEvent>(getDevice(), handle);
     std::lock_guard<std::mutex> lk(mu_);
+    checkOpen("ipcOpenEvent", handle, e->exporter());
     ipcEvents_[e.get()] = e;
     return e.get();
+  }
+  int64_t processId() override {
+    return tProcess == 0 ? static_cast<int64_t>(getpid())
+                         : (static_cast<int64_t>(getpid()) << 16) + tProcess;
   }
 
   void reduceMultiAsync(DataType type, ReduceOp op, void* dst, const void* const* srcs, int n,
@@ -311,9 +368,13 @@ class SimDevice final : public SimulatedDevice {
     if (count == 0) return;
     arch_.checkLaunch(reduceMultiKernelName(type, op), s->device());
     std::vector<const void*> sources(srcs, srcs + n);
+    std::vector<const void*> touched(sources);
+    touched.push_back(dst);
+    auto mapped = mappedPeers(touched);
     s->enqueue(strCat("reduceMultiAsync(", toString(type), ", ", toString(op), ", ", n,
                       " sources, count=", count, ")"),
-               [type, op, dst, sources, divisor, count] {
+               [type, op, dst, sources, divisor, count, mapped] {
+                 checkMapped(mapped);
                  hostReduceMulti(type, op, dst, sources.data(), static_cast<int>(sources.size()),
                                  divisor, count);
                });
@@ -411,6 +472,57 @@ class SimDevice final : public SimulatedDevice {
     return it->second;
   }
 
+  // Note [Simulated IPC]: CUDA refuses a handle opened in the process that
+  // exported it, and one opened twice in a process. Under mu_.
+  void checkOpen(const char* call, const std::string& handle, pid_t exporter) {
+    if (exporter == getpid()) {
+      auto it = exportedBy_.find(handle);
+      const int by = it == exportedBy_.end() ? 0 : it->second;
+      if (by == tProcess) {
+        throw Error(strCat("braid: ", call, ": the handle was exported by this process (pid ",
+                           getpid(), tProcess ? strCat(", simulated process ", tProcess) : "",
+                           "); CUDA opens IPC handles in other processes only"));
+      }
+    }
+    // A thread that no test marked (an executor's own, polling for its
+    // rank) opening a simulated process's handle: which process it stands
+    // for is unknown here, so only the rule above applies.
+    if (exporter == getpid() && tProcess == 0) return;
+    if (!openedHandles_.insert({tProcess, handle}).second) {
+      throw Error(strCat("braid: ", call, ": the handle is already open in this process (pid ",
+                         getpid(), tProcess ? strCat(", simulated process ", tProcess) : "",
+                         "); CUDA opens an IPC handle once per process"));
+    }
+  }
+
+  // The peers' regions mapped here that `ptrs` point into, for checkMapped.
+  std::vector<std::shared_ptr<sim::SharedRegion>> mappedPeers(
+      const std::vector<const void*>& ptrs) {
+    std::vector<std::shared_ptr<sim::SharedRegion>> out;
+    std::lock_guard<std::mutex> lk(mu_);
+    for (const auto& [base, r] : opened_) {
+      const char* b = static_cast<const char*>(base);
+      for (const void* p : ptrs) {
+        if (p >= base && static_cast<const char*>(p) < b + r->size()) {
+          out.push_back(r);
+          break;
+        }
+      }
+    }
+    return out;
+  }
+  // On the stream: memory its exporter freed is an illegal address here.
+  static void checkMapped(const std::vector<std::shared_ptr<sim::SharedRegion>>& mapped) {
+    for (const auto& r : mapped) {
+      if (freedFlag(*r)->load(std::memory_order_acquire)) {
+        throw Error(strCat("braid: an illegal memory access was encountered "
+                           "(cudaErrorIllegalAddress): IPC memory at ", r->data(),
+                           " was freed by its exporter (pid ", r->exporter(),
+                           ") while mapped here"));
+      }
+    }
+  }
+
   std::shared_ptr<sim::SharedEvent> ipcEvent(Event handle) {
     std::lock_guard<std::mutex> lk(mu_);
     auto it = ipcEvents_.find(handle);
@@ -475,12 +587,18 @@ class SimDevice final : public SimulatedDevice {
   std::unordered_map<void*, std::shared_ptr<sim::SharedRegion>> shared_;  // shareable, ours
   std::unordered_map<void*, std::shared_ptr<sim::SharedRegion>> opened_;  // a peer's, mapped
   std::unordered_map<void*, std::shared_ptr<sim::SharedEvent>> ipcEvents_;
+  std::unordered_map<std::string, int> exportedBy_;  // handle -> tProcess of its exporter
+  std::set<std::pair<int, std::string>> openedHandles_;  // (tProcess, handle) open here
   uint64_t streamIds_ = 0;
   std::mutex ctxMu_;       // contexts_
   std::set<int> contexts_;  // Note [Simulated contexts]
 };
 
 }  // namespace
+
+namespace sim {
+void setThreadProcess(int id) { tProcess = id; }
+}  // namespace sim
 
 SimulatedDevice& simulatedDevice(int devices) {
   // Never destroyed: Note [The simulated device's lifetime].

@@ -33,6 +33,10 @@ class SimulatedDevice : public DeviceApi {
   // Frees device memory `p` after the work queued on `s` so far, as torch's
   // caching allocator returns a block: no CUDA call, so no context.
   virtual void enqueueFree(Stream s, void* p) = 0;
+  // cudaDeviceSynchronize: waits for every stream of `device` (braid's own
+  // included), as torch.cuda.synchronize() does on a GPU; throws a failed
+  // stream's error.
+  virtual void deviceSynchronize(int device) = 0;
 
   // Note [Simulated contexts]
   // The device keeps CUDA 12+'s rules for contexts (Note [A current device
@@ -54,6 +58,14 @@ class SimulatedDevice : public DeviceApi {
   // device they set).
   virtual void forgetContexts() = 0;
 };
+
+namespace sim {
+// Tests only (Note [Simulated IPC] in sim_ipc.h): the calling thread acts as
+// simulated process `id` (0: the real process) for the IPC rules and for
+// DeviceApi::processId, so that ranks run as threads of one test may open
+// each other's handles. Only a test that says so sets it.
+void setThreadProcess(int id);
+}  // namespace sim
 
 // The simulated device, with `devices` devices on first call (later calls
 // return the same one). Never destroyed: Note [The simulated device's

@@ -13,10 +13,21 @@
 //   generations complete in order and two counters say everything (an
 //   in-process SimEvent keeps a set). A wait captures `latest` at the call,
 //   as cudaStreamWaitEvent does, and its task polls `done`.
-// - A waiter never hangs on a dead exporter: the polling task checks that the
-//   exporting process still lives, and that the waiter has not closed the
-//   event (what an abort does), and fails the stream, naming the event's
-//   exporter, when either is gone.
+// - IPC as CUDA has it (issue 42): a wait is only ever on the exporter's
+//   `done` counter. It does not end when the waiter destroys its opened
+//   event, nor when the exporter dies before recording: like a GPU stream
+//   waiting on an event a killed process never records, it waits forever
+//   (Note [A stream never waits on a dead peer] in
+//   csrc/cuda/shared_gpu/same_gpu.h says how braid never does that).
+// - Memory: an IPC handle names an allocation's base only; it is not opened
+//   in the process that exported it, nor twice in one process (CUDA refuses
+//   both). Threads of one test process count as distinct processes only
+//   where the test says so (sim::setThreadProcess in sim_device.h); a thread
+//   no test marked (an executor's own) that opens such a simulated
+//   process's handle is checked only against opening its own export.
+// - Memory its exporter freed while a peer still maps it: the peer's next
+//   copy or kernel touching it fails its stream with an illegal address, as
+//   the peer's context would (sticky: the stream fails from then on).
 #pragma once
 
 #include <sys/types.h>
@@ -50,6 +61,7 @@ class SharedEvent {
   int device() const { return device_; }
   bool owner() const { return owner_; }
   std::string handle() const { return region_->handle(); }
+  pid_t exporter() const { return region_->exporter(); }
 
   // eventRecord on `s` (the creator only).
   void record(const std::shared_ptr<SimStream>& s);
@@ -57,21 +69,16 @@ class SharedEvent {
   void waitOn(const std::shared_ptr<SimStream>& s);
   bool query();
   void synchronize();
-  // Waits in flight give up (an abort, or eventDestroy of an opened event).
-  void close() { closed_->store(true); }
 
  private:
-  // Polls until `generation` is done; throws when the exporter died or the
-  // event was closed.
-  static void waitFor(const std::shared_ptr<SharedRegion>& region,
-                      const std::shared_ptr<std::atomic<bool>>& closed, uint64_t generation);
+  // Polls until `generation` is done, however long that is.
+  static void waitFor(const std::shared_ptr<SharedRegion>& region, uint64_t generation);
   static std::atomic<uint64_t>* latestOf(const SharedRegion& r);
   static std::atomic<uint64_t>* doneOf(const SharedRegion& r);
 
   const int device_;
   const bool owner_;
   std::shared_ptr<SharedRegion> region_;
-  std::shared_ptr<std::atomic<bool>> closed_ = std::make_shared<std::atomic<bool>>(false);
 };
 
 }  // namespace sim

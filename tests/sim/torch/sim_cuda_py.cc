@@ -89,6 +89,17 @@ PYBIND11_MODULE(_C, m) {
       "forget_contexts", [] { braid::sim::device().forgetContexts(); },
       "Tests only: as if this process held no context yet.");
   m.def(
+      "set_thread_process", [](int id) { braid::cuda::sim::setThreadProcess(id); },
+      py::arg("id"),
+      "Tests only: the calling thread counts as simulated process `id` (0: the real one) for "
+      "CUDA IPC's rules and DeviceApi::processId (Note [Simulated IPC] in "
+      "tests/sim/device/sim_ipc.h).");
+  m.def(
+      "synchronize", [](int device) { braid::sim::device().deviceSynchronize(device); },
+      py::arg("device") = 0, py::call_guard<py::gil_scoped_release>(),
+      "torch.cuda.synchronize() on the simulated device: every stream of `device`, braid's "
+      "included.");
+  m.def(
       "delay_current_stream",
       [](int device, int64_t us) {
         braid::sim::delayCurrentStream(device, std::chrono::microseconds(us));
