@@ -4,6 +4,7 @@
 #include <c10/core/impl/VirtualGuardImpl.h>
 
 #include <algorithm>
+#include <cstring>
 #include <optional>
 
 #include "c10d/cuda/cuda_context.h"
@@ -20,7 +21,11 @@ WorkBraid::WorkBraid(int rank, c10d::OpType type, const char* title,
       // A Future that knows its devices records an event on them when it
       // completes, and makes its waiters' streams wait on it.
       future_(c10::make_intrusive<c10::ivalue::Future>(
-          c10::ListType::create(c10::TensorType::get()), std::move(devices))) {}
+          c10::ListType::create(c10::TensorType::get()), std::move(devices))),
+      // "braid:allreduce" -> "allreduce", as the other errors name ops.
+      title_(title == nullptr ? "op"
+             : std::strncmp(title, "braid:", 6) == 0 ? title + 6
+                                                       : title) {}
 
 void WorkBraid::setCuda(std::shared_ptr<void> end, c10::Stream futureStream, bool recorded) {
   cudaEnd_ = std::move(end);
@@ -95,6 +100,7 @@ bool WorkBraid::wait(std::chrono::milliseconds timeout) {
     // The device orders what follows; the host goes on (an error the op
     // meets later reaches the Future, isCompleted() and the group's next op).
     blockCurrentStream();
+    if (timeout.count() > 0) waitRecorded(timeout);
     return true;
   }
   if (p2pStall_ && timeout.count() == 0 && !isCompleted()) failIfStalled();
@@ -112,6 +118,30 @@ bool WorkBraid::wait(std::chrono::milliseconds timeout) {
   bool done = c10d::Work::wait(timeout);
   if (done) blockCurrentStream();
   return done;
+}
+
+// Note [wait(timeout) on the NCCL path]
+// Without a timeout, wait() on an op already on the device only orders the
+// caller's stream after it (as ProcessGroupNCCL's does). With one, the caller
+// asked for a bound on the host as well, as ProcessGroupNCCL gives it: the
+// host waits until the op has completed (the watchdog saw its end event, and
+// the header check passed), and past the timeout raises a TimeoutError that
+// names the op, the rank and the timeout. The op itself is not failed: it
+// keeps its own deadline (the group's timeout), and a later wait() may still
+// see it complete.
+void WorkBraid::waitRecorded(std::chrono::milliseconds timeout) {
+  std::exception_ptr error;
+  {
+    std::unique_lock<std::mutex> lock(mutex_);
+    if (!cv_.wait_for(lock, timeout, [this] { return completed_; })) {
+      lock.unlock();
+      std::rethrow_exception(compat::asTorchError(std::make_exception_ptr(TimeoutError(
+          errorText(title_.c_str(), rank_, "wait(timeout=", timeout.count(),
+                    " ms) timed out: the op has not completed on the device")))));
+    }
+    error = exception_;
+  }
+  if (error) std::rethrow_exception(error);
 }
 
 void WorkBraid::pollForEnd(std::chrono::milliseconds timeout) {
