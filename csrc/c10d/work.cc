@@ -31,6 +31,22 @@ void WorkBraid::setCuda(std::shared_ptr<void> end, c10::Stream futureStream, boo
   cudaEnd_ = std::move(end);
   endRecorded_ = recorded;
   futureStream_ = futureStream;
+  if (!recorded) return;
+  // Note [The NCCL path's Future]
+  // As ProcessGroupNCCL's: the Future completes now, on the caller's thread,
+  // once the op is enqueued, with its events recorded on the future stream
+  // after the op's end event. Its callbacks run on the thread that adds them
+  // (or here), ordered after the op by those events, never on the watchdog,
+  // whose polling for errors and timeouts a slow callback would delay. The
+  // op's outcome reaches the Work (isCompleted(), wait(timeout), the group's
+  // next op) when the watchdog sees it; the Future holds no error, as
+  // ProcessGroupNCCL's does not.
+  cuda::OnDevice on(cudaApi(), futureStream_->device_index());
+  c10::impl::VirtualGuardImpl impl(c10::DeviceType::CUDA);
+  impl.block(cudaEnd_.get(), *futureStream_);
+  c10::OptionalStreamGuard onFutureStream;
+  onFutureStream.reset_stream(*futureStream_);
+  future_->markCompleted(c10::IValue(outputs_));
 }
 
 void WorkBraid::blockCurrentStream() {
@@ -57,7 +73,7 @@ void WorkBraid::markDone(std::exception_ptr error, int sourceRank) {
   // device per thread] in cuda/on_device.h).
   std::optional<cuda::OnDevice> onDevice;
   c10::OptionalStreamGuard onFutureStream;
-  if (cudaEnd_ && !error) {
+  if (cudaEnd_ && !error && !endRecorded_) {
     onDevice.emplace(cudaApi(), futureStream_->device_index());
     // The Future records its own events on the stream current here: make
     // that one follow the op's end event.
@@ -68,6 +84,7 @@ void WorkBraid::markDone(std::exception_ptr error, int sourceRank) {
   // finish() first so that a future callback that inspects the work (or
   // waits on it) sees it complete.
   finish(error);
+  if (endRecorded_) return;  // completed at launch (Note [The NCCL path's Future])
   if (error) {
     future_->setError(error);
   } else {
