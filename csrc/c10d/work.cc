@@ -4,6 +4,7 @@
 #include <c10/core/impl/VirtualGuardImpl.h>
 
 #include <algorithm>
+#include <cstring>
 #include <optional>
 
 #include "c10d/cuda/cuda_context.h"
@@ -20,12 +21,32 @@ WorkBraid::WorkBraid(int rank, c10d::OpType type, const char* title,
       // A Future that knows its devices records an event on them when it
       // completes, and makes its waiters' streams wait on it.
       future_(c10::make_intrusive<c10::ivalue::Future>(
-          c10::ListType::create(c10::TensorType::get()), std::move(devices))) {}
+          c10::ListType::create(c10::TensorType::get()), std::move(devices))),
+      // "braid:allreduce" -> "allreduce", as the other errors name ops.
+      title_(title == nullptr ? "op"
+             : std::strncmp(title, "braid:", 6) == 0 ? title + 6
+                                                       : title) {}
 
 void WorkBraid::setCuda(std::shared_ptr<void> end, c10::Stream futureStream, bool recorded) {
   cudaEnd_ = std::move(end);
   endRecorded_ = recorded;
   futureStream_ = futureStream;
+  if (!recorded) return;
+  // Note [The NCCL path's Future]
+  // As ProcessGroupNCCL's: the Future completes now, on the caller's thread,
+  // once the op is enqueued, with its events recorded on the future stream
+  // after the op's end event. Its callbacks run on the thread that adds them
+  // (or here), ordered after the op by those events, never on the watchdog,
+  // whose polling for errors and timeouts a slow callback would delay. The
+  // op's outcome reaches the Work (isCompleted(), wait(timeout), the group's
+  // next op) when the watchdog sees it; the Future holds no error, as
+  // ProcessGroupNCCL's does not.
+  cuda::OnDevice on(cudaApi(), futureStream_->device_index());
+  c10::impl::VirtualGuardImpl impl(c10::DeviceType::CUDA);
+  impl.block(cudaEnd_.get(), *futureStream_);
+  c10::OptionalStreamGuard onFutureStream;
+  onFutureStream.reset_stream(*futureStream_);
+  future_->markCompleted(c10::IValue(outputs_));
 }
 
 void WorkBraid::blockCurrentStream() {
@@ -52,7 +73,7 @@ void WorkBraid::markDone(std::exception_ptr error, int sourceRank) {
   // device per thread] in cuda/on_device.h).
   std::optional<cuda::OnDevice> onDevice;
   c10::OptionalStreamGuard onFutureStream;
-  if (cudaEnd_ && !error) {
+  if (cudaEnd_ && !error && !endRecorded_) {
     onDevice.emplace(cudaApi(), futureStream_->device_index());
     // The Future records its own events on the stream current here: make
     // that one follow the op's end event.
@@ -63,6 +84,7 @@ void WorkBraid::markDone(std::exception_ptr error, int sourceRank) {
   // finish() first so that a future callback that inspects the work (or
   // waits on it) sees it complete.
   finish(error);
+  if (endRecorded_) return;  // completed at launch (Note [The NCCL path's Future])
   if (error) {
     future_->setError(error);
   } else {
@@ -95,6 +117,7 @@ bool WorkBraid::wait(std::chrono::milliseconds timeout) {
     // The device orders what follows; the host goes on (an error the op
     // meets later reaches the Future, isCompleted() and the group's next op).
     blockCurrentStream();
+    if (timeout.count() > 0) waitRecorded(timeout);
     return true;
   }
   if (p2pStall_ && timeout.count() == 0 && !isCompleted()) failIfStalled();
@@ -112,6 +135,30 @@ bool WorkBraid::wait(std::chrono::milliseconds timeout) {
   bool done = c10d::Work::wait(timeout);
   if (done) blockCurrentStream();
   return done;
+}
+
+// Note [wait(timeout) on the NCCL path]
+// Without a timeout, wait() on an op already on the device only orders the
+// caller's stream after it (as ProcessGroupNCCL's does). With one, the caller
+// asked for a bound on the host as well, as ProcessGroupNCCL gives it: the
+// host waits until the op has completed (the watchdog saw its end event, and
+// the header check passed), and past the timeout raises a TimeoutError that
+// names the op, the rank and the timeout. The op itself is not failed: it
+// keeps its own deadline (the group's timeout), and a later wait() may still
+// see it complete.
+void WorkBraid::waitRecorded(std::chrono::milliseconds timeout) {
+  std::exception_ptr error;
+  {
+    std::unique_lock<std::mutex> lock(mutex_);
+    if (!cv_.wait_for(lock, timeout, [this] { return completed_; })) {
+      lock.unlock();
+      std::rethrow_exception(compat::asTorchError(std::make_exception_ptr(TimeoutError(
+          errorText(title_.c_str(), rank_, "wait(timeout=", timeout.count(),
+                    " ms) timed out: the op has not completed on the device")))));
+    }
+    error = exception_;
+  }
+  if (error) std::rethrow_exception(error);
 }
 
 void WorkBraid::pollForEnd(std::chrono::milliseconds timeout) {

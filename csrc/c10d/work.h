@@ -60,6 +60,7 @@ class WorkBraid : public c10d::Work {
   transport::Clock::time_point deadline_;
   std::chrono::milliseconds timeout_{0};
   const char* op_ = "op";
+  std::string title_;  // the op's name for wait(timeout)'s error on the NCCL path
   std::shared_ptr<std::string> expiry_;
 
   collectives::PointToPoint::CallbackClock p2pStall_;
@@ -68,6 +69,8 @@ class WorkBraid : public c10d::Work {
   bool endRecorded_ = false;       // cudaEnd_ was recorded at launch
   std::optional<c10::Stream> futureStream_;
   void blockCurrentStream();
+  // wait(timeout) on the NCCL path: see Note [wait(timeout) on the NCCL path].
+  void waitRecorded(std::chrono::milliseconds timeout);
 
   // Polls for the op's end for Queue::waiterSpin (at most `timeout`, if not
   // 0) before wait() sleeps.

@@ -211,11 +211,14 @@ TEST_P(CudaBackend, AbortEndsAnOpWhosePeerNeverCame) {
     pgs[0]->abort();
   });
   auto start = std::chrono::steady_clock::now();
-  // The Future carries the outcome on both paths (the NCCL path's wait()
-  // does not wait on the host), and a wait() after it throws it.
-  work->getFuture()->wait();
-  EXPECT_TRUE(work->getFuture()->hasError());
-  EXPECT_THROW(work->wait(), std::exception);
+  // wait(timeout) waits on the host on both paths and throws the outcome.
+  // The staged path's Future carries it too; the NCCL path's completed at
+  // launch, as ProcessGroupNCCL's (Note [The NCCL path's Future] in c10d/work.cc).
+  EXPECT_THROW(work->wait(std::chrono::seconds(30)), std::exception);
+  if (!nccl) {
+    work->getFuture()->wait();  // the Future's error follows the Work's
+    EXPECT_TRUE(work->getFuture()->hasError());
+  }
   aborter.join();
   // Not at the op's deadline (makeGroup's timeout; Note [Timing bounds in tests]
   // in tests/cpp/timing.h).
@@ -245,8 +248,9 @@ TEST_P(CudaBackend, RanksThatDisagreeFailWithTheMismatchNotAHang) {
     auto start = std::chrono::steady_clock::now();
     try {
       auto work = pgs[r]->allreduce(u);
-      work->getFuture()->wait();  // the NCCL path's wait() would not wait here
-      work->wait();
+      // With a timeout the NCCL path's wait() waits on the host too (Note
+      // [wait(timeout) on the NCCL path] in c10d/work.cc).
+      work->wait(std::chrono::seconds(30));
       ADD_FAILURE() << "rank " << r << ": a count mismatch went through";
     } catch (const std::exception& e) {
       // braid's header check names both shapes (NCCL itself would hang or
@@ -288,7 +292,10 @@ TEST_P(CudaBackend, NcclWaitOrdersTheStreamAndLeavesTheHostFree) {
     delayCommStreams(*pgs[r], std::chrono::microseconds(0));
     // Reading on the caller's stream waits for the op: its result is there.
     EXPECT_TRUE(braid::sim::read(t[0]).equal(at::full({count}, 3.f)));
-    work->getFuture()->wait();
+    // The Future completed at launch (Note [The NCCL path's Future]); wait(timeout)
+    // waits on the host for the op itself.
+    EXPECT_TRUE(work->getFuture()->completed());
+    EXPECT_TRUE(work->wait(std::chrono::seconds(30)));
     EXPECT_TRUE(work->isCompleted() && !work->getFuture()->hasError());
     Counts want;
     want.op(true, 4 * count, 4 * count);

@@ -178,3 +178,71 @@ def _run_nccl(body):
     script = textwrap.dedent(_NCCL_RANKS) + textwrap.dedent(body)
     return subprocess.run([sys.executable, "-c", script], env=env, capture_output=True,
                           text=True, timeout=120)
+
+
+def test_wait_with_a_timeout_on_the_nccl_path_raises_after_it():
+    # Note [wait(timeout) on the NCCL path] in csrc/c10d/work.cc: rank 1 joins the
+    # allreduce 1 s late; rank 0's wait(timeout=200 ms) raises after 200 ms naming the
+    # op, the rank and the timeout, and a plain wait() afterwards sees the op complete.
+    p = _run_nccl("""
+        def late(r):
+            t = braid_sim.empty([16], torch.float32, r)
+            braid_sim.write(t, torch.full([16], float(r + 1)))
+            if r == 1:
+                time.sleep(1.0)
+            w = pgs[r].allreduce([t])
+            if r == 0:
+                t0 = time.monotonic()
+                try:
+                    w.wait(datetime.timedelta(milliseconds=200))
+                    print("NO ERROR")
+                except Exception as e:
+                    print("WAITED:", time.monotonic() - t0)
+                    print("ERROR:", type(e).__name__, e)
+            assert w.wait(datetime.timedelta(seconds=10))  # completes on the host now
+            assert w.is_completed()
+            assert torch.equal(braid_sim.read(t), torch.full([16], 3.0))
+        ranks(late)
+        print("ERRORS:", [str(e) for e in errors])
+        ranks(shutdown)
+    """)
+    assert p.returncode == 0, p.stderr
+    assert "NO ERROR" not in p.stdout, p.stdout
+    err = p.stdout.split("ERROR:")[1].splitlines()[0]
+    assert "allreduce" in err and "rank 0" in err and "timeout=200 ms" in err, p.stdout
+    waited = float(p.stdout.split("WAITED:")[1].splitlines()[0])
+    assert 0.2 <= waited <= H.timeout_bound(0.2), p.stdout
+    assert "ERRORS: ['None', 'None']" in p.stdout, p.stdout
+
+
+def test_nccl_path_future_callbacks_run_on_the_callers_thread():
+    # Note [The NCCL path's Future] in csrc/c10d/work.cc: rank 1 joins 0.5 s late, so the op
+    # is still on the device when rank 0 adds its callback; the callback runs on rank 0's
+    # own thread (the Future completed at launch), never on the NCCL watchdog, and its
+    # value is the op's result once read on the caller's stream.
+    p = _run_nccl("""
+        seen = {}
+
+        def late(r):
+            t = braid_sim.empty([16], torch.float32, r)
+            braid_sim.write(t, torch.full([16], float(r + 1)))
+            if r == 1:
+                time.sleep(0.5)
+            w = pgs[r].allreduce([t])
+            if r == 0:
+                fut = w.get_future()
+                seen["caller"] = threading.get_ident()
+                def cb(f):
+                    seen["callback"] = threading.get_ident()
+                    return f.value()
+                fut.then(cb).wait()
+            assert w.wait(datetime.timedelta(seconds=10))
+            assert torch.equal(braid_sim.read(t), torch.full([16], 3.0))
+        ranks(late)
+        print("ERRORS:", [str(e) for e in errors])
+        print("SAME THREAD:", seen.get("callback") == seen["caller"])
+        ranks(shutdown)
+    """)
+    assert p.returncode == 0, p.stderr
+    assert "ERRORS: ['None', 'None']" in p.stdout, p.stdout
+    assert "SAME THREAD: True" in p.stdout, p.stdout

@@ -338,3 +338,107 @@ def test_across_processes_a_rank_that_exits_mid_op_fails_every_other_rank():
     assert f"(pid {pid3})" in message and "exited" in message, message
     assert "GPU 1 (ranks 2, 3 as its local ranks 0, 1)" in message, message
     assert not world.leaks, world.leaks
+
+
+# ---- The scratch arena (Note [Hierarchical scratch arena] in multi_gpu.h) ----
+ARENA = 3 * 4096  # BRAID_CUDA_SCRATCH_BYTES for these cases
+
+
+def _run_counted(body, device_of=lambda r: r % 2):
+    """_run_ranks with braid's device calls counted (braid_sim.faults_install: the
+    simulated tensors' memory is not counted) and a small arena."""
+    import braid_sim
+
+    os.environ["BRAID_CUDA_SCRATCH_BYTES"] = str(ARENA)
+    braid_sim.install(2)
+    braid_sim.faults_install()
+    try:
+        _run_ranks(body, device_of=device_of)
+    finally:
+        del os.environ["BRAID_CUDA_SCRATCH_BYTES"]
+
+
+def _device_memory_calls():
+    import braid_sim
+    return {c: braid_sim.device_calls(c)
+            for c in ("deviceAlloc", "deviceFree", "deviceAllocShareable")}
+
+
+def test_no_device_allocation_after_the_communicator_is_created():
+    """Interleaved layout (ranks 0, 2 on cuda:0): reduce to a non-leader root, allgather and
+    reduce_scatter all use scratch. Once the first op has created the communicators, ops of
+    growing size (reduce up to 4x the arena, in chunks) make no deviceAlloc or deviceFree
+    at all, and their results match the closed forms."""
+    import torch
+    import torch.distributed as dist
+
+    barrier = threading.Barrier(N, timeout=20)
+    counts = {}
+
+    def body(r, pg, cuda):
+        t = torch.ones(3, device=cuda)
+        pg.allreduce([t]).wait()
+        assert pg._cuda_executor().startswith("hier: 4 ranks on 2 GPUs"), pg._cuda_executor()
+        barrier.wait()
+        if r == 0:
+            counts["before"] = _device_memory_calls()
+        barrier.wait()
+        dtype = torch.float32
+        for count in (1, 100, 700, ARENA // 4 + 5, ARENA + 3):
+            inputs = [_value(torch, q, count, dtype) for q in range(N)]
+            t = inputs[r].to(cuda)
+            ropts = dist.ReduceOptions()
+            ropts.rootRank = 2  # on cuda:0, not its leader: scratch on both GPUs
+            pg.reduce([t], ropts).wait()
+            if r == 2:
+                assert torch.equal(t.cpu(), sum(inputs)), ("reduce", count)
+            if N * count * 4 <= ARENA:
+                out = torch.full((N * count,), -1.0, device=cuda)
+                pg._allgather_base(out, inputs[r].to(cuda)).wait()
+                assert torch.equal(out.cpu(), torch.cat(inputs)), ("allgather", count)
+            if 2 * N * count * 4 <= ARENA:
+                full = [_value(torch, q, N * count, dtype) for q in range(N)]
+                got = torch.full((count,), -1.0, device=cuda)
+                pg._reduce_scatter_base(got, full[r].to(cuda)).wait()
+                assert torch.equal(got.cpu(), sum(full)[r * count:(r + 1) * count]), count
+        barrier.wait()
+        if r == 0:
+            counts["after"] = _device_memory_calls()
+        barrier.wait()
+
+    _run_counted(body)
+    assert counts["after"] == counts["before"], counts
+
+
+def test_an_allgather_larger_than_the_arena_fails_naming_the_bytes():
+    """Interleaved layout: the leaders stage all n blocks; past the arena the op fails
+    with the op, the rank, the bytes needed and reserved, and the setting."""
+    import torch
+
+    count = ARENA // 4  # N * count * 4 bytes needed at the leaders: 4x the arena
+    errors = {}
+
+    barrier = threading.Barrier(N, timeout=20)
+
+    def body(r, pg, cuda):
+        # Done on every rank before any fails (the group's failure aborts what is in flight).
+        pg.allreduce([torch.ones(3, device=cuda)]).wait(datetime.timedelta(seconds=20))
+        barrier.wait()
+        out = torch.empty(N * count, device=cuda)
+        try:
+            # wait(timeout) blocks the host until the op completes or fails.
+            pg._allgather_base(out, torch.ones(count, device=cuda)).wait(
+                datetime.timedelta(seconds=20))
+        except Exception as e:  # noqa: BLE001 - checked below
+            errors[r] = str(e)
+
+    _run_counted(body)
+    # Every rank fails; the leader that reaches its scratch first names the bytes, and the
+    # others may see only the group's abort that follows.
+    assert sorted(errors) == list(range(N)), errors
+    named = {r: e for r, e in errors.items() if "allgather: gathering within" in e}
+    assert named and set(named) <= {0, 1}, errors  # cuda:0's and cuda:1's leaders
+    for r, e in named.items():
+        assert f"(rank {r})" in e, errors
+        assert f"needs {N * count * 4} bytes" in e and f"has {ARENA}" in e, errors
+        assert "BRAID_CUDA_SCRATCH_BYTES" in e, errors

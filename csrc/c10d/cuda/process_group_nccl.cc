@@ -8,10 +8,13 @@
 // does: an event recorded on the caller's current stream orders the comm
 // stream after the inputs' producers, the Work's wait() and synchronize()
 // make the caller's stream wait on NCCL's end event and return (the host
-// does not wait for the device, as with ProcessGroupNCCL), and the Future
-// completes on a pool stream that waited on it, once the device has run the
-// op and the header check below has passed: Future::wait() blocks the host
-// until then, so that a mismatch reaches it as an error. The tensors stay alive until the op has run (the completion
+// does not wait for the device, as with ProcessGroupNCCL; wait(timeout)
+// also waits on the host, Note [wait(timeout) on the NCCL path] in
+// c10d/work.cc), and the Future completes at launch on a pool stream that
+// waits on NCCL's end event (Note [The NCCL path's Future] in c10d/work.cc):
+// its callbacks never run on the watchdog, and an error (a failed device, a
+// mismatch found by the header check below) reaches the Work, not the
+// Future. The tensors stay alive until the op has run (the completion
 // callback holds them). Ops NCCL lacks (gather, scatter, the list forms,
 // bitwise reductions) take the staged path (Note [The staged CUDA executor]),
 // which orders itself on the same caller stream, so the two mix freely.
@@ -31,6 +34,7 @@
 // the NCCL path and another down the staged one meet in that same step.
 
 #include <mutex>
+#include <optional>
 #include <string>
 
 #include "c10d/cuda/cuda_context.h"
@@ -40,6 +44,7 @@
 #include "c10d/work.h"
 #include "cuda/nccl/nccl_api.h"
 #include "cuda/nccl/nccl_executor.h"
+#include "cuda/on_device.h"
 
 namespace braid {
 
@@ -148,7 +153,16 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupBraid::ncclLaunch(
       return std::current_exception();
     }
   };
-  check.finish = [finish](std::exception_ptr e) { finish(e, true); };
+  // The Work (its Future's events, the NcclWork's end event) may go with
+  // this half's reference, on the worker, which never set a device: it goes
+  // here, on the op's device (Note [A current device per thread] in
+  // cuda/on_device.h), not with the Job later.
+  auto checkHalf = std::make_shared<std::optional<decltype(finish)>>(finish);
+  check.finish = [checkHalf, device](std::exception_ptr e) {
+    cuda::OnDevice on(cudaApi(), device.index(), std::nothrow);
+    (**checkHalf)(e, true);
+    checkHalf->reset();
+  };
   engine_->submit(std::move(check));
   nw->onDone([finish, keep = std::move(keep)](std::exception_ptr e) { finish(e, false); });
   return tracked(work);

@@ -12,6 +12,7 @@
 
 #include "common/error.h"
 #include "common/logging.h"
+#include "common/settings.h"
 #include "cuda/shared_gpu/same_gpu.h"
 
 namespace braid {
@@ -20,6 +21,15 @@ namespace {
 
 constexpr uint64_t kMagic = 0x7265696864696172ULL;  // the unique id's mark
 
+// Note [Hierarchical scratch arena] in multi_gpu.h.
+BRAID_SETTING_INT(kScratchBytes, "BRAID_CUDA_SCRATCH_BYTES", 64 << 20,
+                  "Device memory per rank reserved when a hierarchical CUDA communicator "
+                  "(ranks on several GPUs, some sharing one) is created, for the steps of reduce, "
+                  "allgather and reduce_scatter that must not touch the caller's buffers; never "
+                  "grown during an op. A reduce larger than it runs in chunks of it; an allgather "
+                  "or reduce_scatter whose leader needs more fails, naming the bytes. Must be equal "
+                  "on every rank.");
+
 // One rank's communicator: its GPU's same-GPU one, and the leaders' NCCL one
 // (leaders only).
 struct HierComm {
@@ -27,8 +37,9 @@ struct HierComm {
   NcclComm lead = nullptr;
   Event leadDone = nullptr;  // leaders: recorded after each NCCL step
   // Device memory for the steps that must not touch the caller's buffers
-  // (Note [Hierarchical reduce, allgather and reduce_scatter]): grown on
-  // demand, freed at close; `stream` is the last op's, which close() drains.
+  // (Note [Hierarchical reduce, allgather and reduce_scatter]): reserved at
+  // init, never grown (Note [Hierarchical scratch arena]), freed at close;
+  // `stream` is the last op's, which close() drains.
   void* scratch = nullptr;
   size_t scratchBytes = 0;
   Stream stream = nullptr;
@@ -153,11 +164,26 @@ class Hier final : public NcclApi {
       if (c->inner) inner_.commAbort(c->inner);
       return r;
     }
+    // The arena, now rather than mid-op (Note [Hierarchical scratch arena]).
+    const size_t arena = static_cast<size_t>(std::max<int64_t>(0, kScratchBytes.get()));
+    if (arena > 0) {
+      try {
+        c->scratch = dev_.deviceAlloc(c->device, arena);
+        c->scratchBytes = arena;
+      } catch (const std::exception& e) {
+        BRAID_LOG(kError, "hier", rank) << "reserving " << arena
+                                        << " bytes of scratch (BRAID_CUDA_SCRATCH_BYTES): "
+                                        << e.what();
+        inner_.commAbort(c->inner);
+        return kNcclUnhandledCudaError;
+      }
+    }
     if (leader) {
       try {
         c->leadDone = dev_.eventCreate(dev_.getDevice());
       } catch (const std::exception&) {
         inner_.commAbort(c->inner);
+        releaseScratch(*c);
         return kNcclUnhandledCudaError;
       }
       NcclResult l = leaders_.commInitRank(&c->lead, static_cast<int>(layout_.ranksOn.size()),
@@ -166,6 +192,7 @@ class Hier final : public NcclApi {
         if (c->lead) leaders_.commAbort(c->lead);
         inner_.commAbort(c->inner);
         releaseEvent(c->leadDone);
+        releaseScratch(*c);
         return l;
       }
       r = worse(r, l);
@@ -266,6 +293,23 @@ class Hier final : public NcclApi {
     NcclRedOp innerOp, leadOp;
     NcclResult r = levelOps(c, op, type, &innerOp, &leadOp);
     if (r != kNcclSuccess || count == 0) return r;
+    // Elementwise: chunks of the arena (the same on every rank, as the
+    // setting is), each a whole reduce (Note [Hierarchical scratch arena]).
+    const size_t ts = typeSize(type);
+    const size_t chunk = std::max<size_t>(1, c.scratchBytes / ts);
+    for (size_t off = 0; off < count && r == kNcclSuccess; off += chunk) {
+      const size_t n = std::min(chunk, count - off);
+      r = reduceChunk(c, static_cast<const char*>(send) + off * ts,
+                      recv ? static_cast<char*>(recv) + off * ts : nullptr, n, type, innerOp,
+                      leadOp, root, s);
+    }
+    return r;
+  }
+
+  NcclResult reduceChunk(HierComm& c, const void* send, void* recv, size_t count,
+                         NcclDataType type, NcclRedOp innerOp, NcclRedOp leadOp, int root,
+                         Stream s) {
+    NcclResult r;
     const size_t bytes = count * typeSize(type);
     const int rootGpu = layout_.gpuOf[root];
     const int rootLocal = localOf(root);
@@ -275,8 +319,8 @@ class Hier final : public NcclApi {
     // the leader is the root, else scratch (a non-root's buffer is its input).
     char* part = nullptr;
     if (leader) {
-      part = amRoot ? static_cast<char*>(recv) : scratch(c, bytes, s, "reducing within");
-      if (!part) return kNcclUnhandledCudaError;
+      part = amRoot ? static_cast<char*>(recv) : scratch(c, bytes, s, "reduce: reducing within");
+      if (!part) return kNcclInvalidUsage;
     }
     r = step(c, inner_.reduce(send, leader ? part : recv, count, type, innerOp, 0, c.inner, s),
              "reducing within", c.inner, inner_);
@@ -296,8 +340,8 @@ class Hier final : public NcclApi {
     // The leader's result to the root: a broadcast within the root's GPU,
     // which the GPU's other ranks receive into their scratch.
     char* to = amRoot ? static_cast<char*>(recv) : part;
-    if (!to) to = scratch(c, bytes, s, "moving the result within");
-    if (!to) return kNcclUnhandledCudaError;
+    if (!to) to = scratch(c, bytes, s, "reduce: moving the result within");
+    if (!to) return kNcclInvalidUsage;
     return step(c, inner_.broadcast(leader ? part : to, to, count, type, 0, c.inner, s),
                 "moving the result to the root within", c.inner, inner_);
   }
@@ -315,8 +359,8 @@ class Hier final : public NcclApi {
     // itself where that is rank order, else scratch.
     char* stage = out;
     if (c.lead && !contiguous_) {
-      stage = scratch(c, n * block, s, "gathering within");
-      if (!stage) return kNcclUnhandledCudaError;
+      stage = scratch(c, n * block, s, "allgather: gathering within");
+      if (!stage) return kNcclInvalidUsage;
     }
     std::vector<void*> into(k);
     for (int q = 0; q < k; ++q) into[q] = stage + (static_cast<size_t>(c.gpu) * k + q) * block;
@@ -362,8 +406,8 @@ class Hier final : public NcclApi {
     char* part = nullptr;
     char* byGpu = nullptr;
     if (c.lead) {
-      part = scratch(c, (contiguous_ ? 1 : 2) * n * block, s, "reducing within");
-      if (!part) return kNcclUnhandledCudaError;
+      part = scratch(c, (contiguous_ ? 1 : 2) * n * block, s, "reduce_scatter: reducing within");
+      if (!part) return kNcclInvalidUsage;
       byGpu = contiguous_ ? part : part + n * block;
     }
     r = step(c, inner_.reduce(send, c.lead ? part : recv, n * count, type, innerOp, 0, c.inner, s),
@@ -568,28 +612,19 @@ class Hier final : public NcclApi {
     while (on[q] != rank) ++q;
     return q;
   }
-  // This rank's scratch, at least `bytes`; null (the error noted) when it
-  // cannot be had. Grown, never shrunk: the old one is freed only after the
-  // stream has drained, as an earlier op enqueued on it may still use it.
+  // This rank's scratch arena, when it holds `bytes`; else null, with the
+  // error noted: the arena is never grown mid-op (Note [Hierarchical
+  // scratch arena]).
   char* scratch(HierComm& c, size_t bytes, Stream s, const char* what) {
-    try {
-      c.stream = s;
-      if (bytes > c.scratchBytes) {
-        if (c.scratch) {
-          dev_.streamSynchronize(s);
-          dev_.deviceFree(c.scratch);
-          c.scratch = nullptr;
-          c.scratchBytes = 0;
-        }
-        c.scratch = dev_.deviceAlloc(c.device, bytes);
-        c.scratchBytes = bytes;
-      }
-      return static_cast<char*>(c.scratch);
-    } catch (const std::exception& e) {
-      fail(c, kNcclUnhandledCudaError,
-           strCat(what, " ", gpuText(c.gpu), ": ", bytes, " bytes of scratch: ", e.what()));
+    c.stream = s;
+    if (bytes > c.scratchBytes) {
+      fail(c, kNcclInvalidUsage,
+           strCat(what, " ", gpuText(c.gpu), " (rank ", c.rank, "): needs ", bytes,
+                  " bytes of scratch, and the arena reserved at the communicator's creation "
+                  "has ", c.scratchBytes, " (BRAID_CUDA_SCRATCH_BYTES)"));
       return nullptr;
     }
+    return static_cast<char*>(c.scratch);
   }
   // As the same-GPU communicator's close: the stream drains (bounded)
   // before the scratch is freed; past the bound it stays (a leak, logged)

@@ -71,9 +71,8 @@
 // permute to or from rank order with k * G device copies, skipped where the
 // layout is contiguous (GPU g holds ranks g*k .. g*k+k-1: the two orders
 // agree). The caller's buffers are written only where the op writes them:
-// steps that need room elsewhere use the rank's scratch (device memory,
-// grown to the largest op's need, freed at destroy or abort after the
-// stream drains).
+// steps that need room elsewhere use the rank's scratch (Note
+// [Hierarchical scratch arena]).
 // - reduce to root R on GPU g: every GPU reduces within to its leader (into
 //   the output when the leader is R, else scratch: a non-root's buffer is
 //   its input, which NCCL's reduce leaves alone too), NCCL reduces among the
@@ -99,6 +98,20 @@
 //   same-GPU collectives stand in for NCCL between the leaders
 //   (sameGpuCollectivesAsNccl in same_gpu.h; test_cuda_sim_multi_gpu.py): the
 //   simulated NCCL meets its communicators in one process only.
+//
+// Note [Hierarchical scratch arena]
+// The scratch is one arena per rank, BRAID_CUDA_SCRATCH_BYTES (64 MiB by
+// default), reserved when the communicator is created and freed at destroy
+// or abort after the stream drains. It was grown on demand, mid-op, on the
+// caller's thread: a streamSynchronize, a cudaFree (an implicit device-wide
+// sync that stalls every stream) and a cudaMalloc, which fails once torch's
+// caching allocator holds the free memory. Now no op allocates or frees
+// device memory. reduce is elementwise, so one larger than the arena runs
+// as consecutive reduces of arena-sized chunks (the same on every rank,
+// since the setting must be). allgather (interleaved layouts only) and
+// reduce_scatter need n blocks at the leader at once: one whose leader needs
+// more than the arena fails with an error naming the op, the rank, both
+// sizes and the setting (the group then fails, as after any NCCL error).
 #pragma once
 
 #include <chrono>

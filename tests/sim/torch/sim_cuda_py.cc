@@ -187,6 +187,11 @@ PYBIND11_MODULE(_C, m) {
   m.def("clear_device_faults", [] { faulty().clear(); });
   m.def("device_failures", [] { return faulty().failures(); },
         "Device calls failed by injection so far.");
+  m.def("device_calls", [](const std::string& call) { return faulty().calls(call); },
+        py::arg("call"),
+        "How many times braid has called the DeviceApi call `call` ('deviceAlloc', "
+        "'deviceFree', ...) since faults_install (the simulated tensors' own memory is not "
+        "counted: it does not pass through the wrapper).");
   // Note [Injected NCCL failures] in tests/sim/nccl/faulty_nccl.h.
   m.def(
       "nccl_faults_install",

@@ -18,7 +18,7 @@ from ._C import (  # noqa: F401
     kernel_load_error, nccl_install, read, set_compute_capability, set_kernel_images, set_thread_process,
     synchronize, write)
 # Note [Injected device failures] in tests/sim/device/faulty_device.h.
-from ._C import (clear_device_faults, device_failures, faults_install,  # noqa: F401
+from ._C import (clear_device_faults, device_calls, device_failures, faults_install,  # noqa: F401
                  inject_device_fault)
 # Note [Injected NCCL failures] in tests/sim/nccl/faulty_nccl.h.
 from ._C import (clear_nccl_faults, inject_nccl_fault, nccl_async_error,  # noqa: F401
