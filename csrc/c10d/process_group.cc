@@ -33,6 +33,7 @@ c10d::OpType opTypeOf(OpKind k) {
     case OpKind::kReduceScatter: return c10d::OpType::REDUCE_SCATTER;
     case OpKind::kAlltoall: return c10d::OpType::ALLTOALL;
     case OpKind::kBarrier: return c10d::OpType::BARRIER;
+    case OpKind::kRegister: break;  // braid's own (Note [Registered buffers]): no c10d op
   }
   return c10d::OpType::UNKNOWN;
 }
