@@ -12,6 +12,7 @@
 
 #include "common/error.h"
 #include "common/logging.h"
+#include "cuda/on_device.h"
 #include "cuda/shared_gpu/same_gpu.h"
 
 namespace braid {
@@ -518,6 +519,7 @@ class Hier final : public NcclApi {
   NcclResult confirm(HierComm& c, Stream s, const char* what) {
     const auto deadline = std::chrono::steady_clock::now() + timeout_;
     auto sleep = std::chrono::microseconds(5);
+    RelaxedCaptureMode relaxed(dev_);  // Note [Graph capture] in cuda/device_api.h
     try {
       dev_.eventRecord(c.leadDone, s);
       for (;;) {
@@ -572,6 +574,7 @@ class Hier final : public NcclApi {
   // cannot be had. Grown, never shrunk: the old one is freed only after the
   // stream has drained, as an earlier op enqueued on it may still use it.
   char* scratch(HierComm& c, size_t bytes, Stream s, const char* what) {
+    RelaxedCaptureMode relaxed(dev_);  // Note [Graph capture] in cuda/device_api.h
     try {
       c.stream = s;
       if (bytes > c.scratchBytes) {
@@ -596,6 +599,7 @@ class Hier final : public NcclApi {
   // rather than being pulled from under a kernel.
   void releaseScratch(HierComm& c) {
     if (!c.scratch) return;
+    RelaxedCaptureMode relaxed(dev_);  // Note [Graph capture] in cuda/device_api.h
     bool idle = true;
     if (c.stream) {
       const auto until = std::chrono::steady_clock::now() + std::chrono::seconds(10);
