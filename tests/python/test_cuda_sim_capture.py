@@ -110,3 +110,60 @@ def _capture_on_another_thread(ctx):
 @pytest.mark.parametrize("world", [pytest.param((2, "cuda"), id="n2")], indirect=True)
 def test_capture_on_another_thread_survives_braid(world):
     H.check_reports(world.run(_capture_on_another_thread))
+
+
+def _premul_tensor_factor_in_capture(ctx):
+    """The factor of PREMUL_SUM as a CUDA tensor: reading it (.item(), a host sync) during a
+    capture is what the simulator catches; braid refuses the collective before it reads the
+    factor, so the capture survives, and outside a capture the op is right."""
+    torch, dist = ctx.torch, ctx.dist
+    import braid_sim as sim
+
+    sim.install(2)
+    ch = H.Checker(ctx)
+    dev, n, r = ctx.rank % 2, ctx.size, ctx.rank
+    factor = sim.empty([1], torch.float32, dev)
+    sim.write(factor, torch.tensor([0.5]))
+    t = sim.empty([8], torch.float32, dev)
+    sim.write(t, torch.full((8,), float(r + 1)))
+    # torch 1.13 takes a list of factor tensors, 2.x one tensor.
+    op = dist._make_nccl_premul_sum(factor if ctx.torch2 else [factor])
+    # The simulator's own check: a host sync during a global-mode capture invalidates it.
+    sim.begin_capture(dev, "global")
+    sync = ""
+    try:
+        factor.item()
+    except RuntimeError as e:
+        sync = str(e)
+    end = ""
+    try:
+        sim.end_capture(dev)
+    except RuntimeError as e:
+        end = str(e)
+    ch.true("the simulator catches a host sync during a capture",
+            "prohibited while a CUDA graph is captured" in sync and "invalidated" in end,
+            f"{sync!r} / {end!r}")
+    sim.begin_capture(dev, "global")
+    msg = ""
+    try:
+        dist.all_reduce(t, op=op)
+    except RuntimeError as e:
+        msg = str(e)
+    end = ""
+    try:
+        sim.end_capture(dev)
+    except RuntimeError as e:
+        end = str(e)
+    ch.true("PREMUL_SUM with a tensor factor is refused during a capture",
+            f"braid allreduce (rank {r}): the current stream is capturing a CUDA graph" in msg,
+            msg)
+    ch.true("refusing it read no factor: the capture is intact", end == "", end)
+    dist.all_reduce(t, op=op)
+    ch.equal("PREMUL_SUM with a tensor factor after the capture", sim.read(t),
+             torch.full((8,), 0.5 * n * (n + 1) / 2))
+    return ch.report()
+
+
+@pytest.mark.parametrize("world", [pytest.param((2, "cuda"), id="n2")], indirect=True)
+def test_premul_sum_tensor_factor_during_capture(world):
+    H.check_reports(world.run(_premul_tensor_factor_in_capture))
