@@ -28,6 +28,7 @@ def _refused_then_usable(ctx, devices):
     t = sim.empty([8], torch.float32, dev)
     sim.write(t, torch.full((8,), float(r)))
     dist.all_reduce(t)  # binds the group to cuda:dev, chooses its executor
+    out = sim.empty([8 * n], torch.float32, dev)  # allocating in the capture is prohibited
     sim.begin_capture(dev, "global")
     ch.true("the current stream is capturing", sim.is_current_stream_capturing(dev), "")
     msg = ""
@@ -35,7 +36,19 @@ def _refused_then_usable(ctx, devices):
         dist.all_reduce(t)
     except RuntimeError as e:
         msg = str(e)
+    others = {}
+    gather = getattr(dist, "all_gather_into_tensor", None) or dist._all_gather_base
+    for name, fn in (("broadcast", lambda: dist.broadcast(t, src=0)),
+                     ("all_gather_into_tensor", lambda: gather(out, t))):
+        try:
+            fn()
+            others[name] = ""
+        except RuntimeError as e:
+            others[name] = str(e)
     tasks = sim.end_capture(dev)
+    for name, m in others.items():
+        ch.true(f"{name} on a capturing stream is refused",
+                f"(rank {r}): the current stream is capturing a CUDA graph" in m, m)
     expected = (f"braid allreduce (rank {r}): the current stream is capturing a CUDA graph; "
                 "braid's collectives cannot be captured")
     ch.true("a collective on a capturing stream is refused with op, rank and capture",
