@@ -183,6 +183,20 @@ class CudaRuntime final : public DeviceApi {
     return true;
   }
 
+  bool streamIsCapturing(Stream s) override {
+    if (f_.streamIsCapturing == nullptr) return false;
+    int status = 0;  // cudaStreamCaptureStatusNone; 1 active, 2 invalidated
+    BRAID_CUDART(f_.streamIsCapturing(s, &status), "cudaStreamIsCapturing(", s, ")");
+    return status != 0;
+  }
+  CaptureMode exchangeCaptureMode(CaptureMode mode) override {
+    if (f_.threadExchangeStreamCaptureMode == nullptr) return mode;
+    int m = static_cast<int>(mode);
+    BRAID_CUDART(f_.threadExchangeStreamCaptureMode(&m),
+                 "cudaThreadExchangeStreamCaptureMode(", static_cast<int>(mode), ")");
+    return static_cast<CaptureMode>(m);
+  }
+
   Event eventCreate(int device) override {
     DeviceGuard guard(r_, device);
     rt::EventT e = nullptr;

@@ -143,6 +143,8 @@ std::unique_ptr<Runtime> load() {
   resolve(h, *r, "cudaStreamGetDevice", &f.streamGetDevice, false);
   resolve(h, *r, "cudaLibraryLoadData", &f.libraryLoadData, false);
   resolve(h, *r, "cudaLibraryGetKernel", &f.libraryGetKernel, false);
+  resolve(h, *r, "cudaStreamIsCapturing", &f.streamIsCapturing, false);
+  resolve(h, *r, "cudaThreadExchangeStreamCaptureMode", &f.threadExchangeStreamCaptureMode, false);
   // The driver's primary-context query (DeviceGuard in cuda_runtime.cc). The
   // runtime has loaded libcuda.so.1 by the time it reports a device; without
   // it, guards always restore the previous device.

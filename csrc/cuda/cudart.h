@@ -92,6 +92,11 @@ struct Functions {
                            unsigned numJit, void* libraryOptions, void** libraryValues,
                            unsigned numLibrary);             // CUDA 12.0
   Status (*libraryGetKernel)(KernelT*, LibraryT, const char*);  // CUDA 12.0
+  // Graph capture (Note [Graph capture] in device_api.h); every runtime
+  // braid loads has them (CUDA 10.1), but a table without them (a test's)
+  // means "never capturing" and "no modes".
+  Status (*streamIsCapturing)(StreamT, int* status);  // cudaStreamCaptureStatus
+  Status (*threadExchangeStreamCaptureMode)(int* mode);
 };
 
 struct Runtime {

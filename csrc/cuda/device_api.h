@@ -81,6 +81,28 @@ class DeviceApi {
   // true when all work enqueued so far on `s` has run.
   virtual bool streamQuery(Stream s) = 0;
 
+  // Note [Graph capture]
+  // A stream may be capturing a CUDA graph (cudaStreamBeginCapture): work
+  // enqueued on it is recorded into the graph, not run, so an event recorded
+  // there never completes as far as a host query is concerned. braid refuses
+  // a collective whose caller's current stream is capturing before it
+  // enqueues anything (c10d/cuda/cuda_op.cc). A capture also restricts other
+  // calls, per its mode: in kGlobal mode, eventQuery, streamQuery,
+  // synchronize and the allocations are illegal on every thread whose own
+  // mode is not kRelaxed, and such a call invalidates the capture (the
+  // user's graph fails at cudaStreamEndCapture); in kThreadLocal mode only on
+  // the capturing thread; kRelaxed prohibits nothing. braid's background
+  // threads (the NCCL watchdog, the staged executor's host waits, the pools)
+  // therefore run their calls under RelaxedCaptureMode (cuda/on_device.h), as
+  // ProcessGroupNCCL's watchdog does. Values are cudaStreamCaptureMode's.
+  enum class CaptureMode : int { kGlobal = 0, kThreadLocal = 1, kRelaxed = 2 };
+  // Whether `s` is capturing (cudaStreamIsCapturing: active, or invalidated
+  // and not yet ended).
+  virtual bool streamIsCapturing(Stream s) = 0;
+  // Sets the calling thread's capture mode and returns the previous one
+  // (cudaThreadExchangeStreamCaptureMode).
+  virtual CaptureMode exchangeCaptureMode(CaptureMode mode) = 0;
+
   // Events without timing (cudaEventDisableTiming).
   virtual Event eventCreate(int device) = 0;
   virtual void eventDestroy(Event e) = 0;

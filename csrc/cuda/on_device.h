@@ -75,5 +75,35 @@ class OnDevice {
   bool switched_ = false;
 };
 
+// The calling thread in relaxed capture mode for its scope, as
+// ProcessGroupNCCL's watchdog is: a query or allocation made in it can never
+// invalidate a CUDA graph that another thread is capturing in global mode
+// (Note [Graph capture] in cuda/device_api.h). Never throws: a runtime that
+// cannot exchange modes leaves the thread as it was.
+class RelaxedCaptureMode {
+ public:
+  explicit RelaxedCaptureMode(DeviceApi& api) : api_(api) {
+    try {
+      prev_ = api_.exchangeCaptureMode(DeviceApi::CaptureMode::kRelaxed);
+      set_ = true;
+    } catch (...) {
+    }
+  }
+  ~RelaxedCaptureMode() {
+    if (!set_) return;
+    try {
+      api_.exchangeCaptureMode(prev_);
+    } catch (...) {
+    }
+  }
+  RelaxedCaptureMode(const RelaxedCaptureMode&) = delete;
+  RelaxedCaptureMode& operator=(const RelaxedCaptureMode&) = delete;
+
+ private:
+  DeviceApi& api_;
+  DeviceApi::CaptureMode prev_ = DeviceApi::CaptureMode::kGlobal;
+  bool set_ = false;
+};
+
 }  // namespace cuda
 }  // namespace braid

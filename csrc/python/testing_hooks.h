@@ -33,7 +33,7 @@ namespace cuda {
 class NcclApi;
 }  // namespace cuda
 
-constexpr uint32_t kTestingHooksVersion = 1;
+constexpr uint32_t kTestingHooksVersion = 2;
 
 struct TestingHooks {
   uint32_t version;       // kTestingHooksVersion
@@ -45,6 +45,9 @@ struct TestingHooks {
   // a torch_braid._C.ProcessGroupBraid; raises (returns false with a Python
   // error set) when `group` is not one or has run no CUDA op yet.
   bool (*commStreams)(PyObject* group, std::vector<cuda::Stream>* out);
+  // setStreamResolverForTesting (c10d/cuda/cuda_context.h): a torch stream's
+  // handle on the device set for testing.
+  void (*setStreamResolver)(cuda::Stream (*)(int device, int64_t streamId));
 };
 
 }  // namespace braid

@@ -29,7 +29,8 @@ bool commStreams(PyObject* group, std::vector<cuda::Stream>* out) {
 }
 
 const TestingHooks kHooks = {kTestingHooksVersion, sizeof(TestingHooks), sizeof(cuda::DeviceApi),
-                             &setDeviceApiForTesting, &setNcclApiForTesting, &commStreams};
+                             &setDeviceApiForTesting, &setNcclApiForTesting, &commStreams,
+                             &setStreamResolverForTesting};
 
 }  // namespace
 }  // namespace braid

@@ -543,6 +543,42 @@ TEST(CudaRuntimeFake, WithoutStreamGetDeviceALaunchGoesToTheNamedDevice) {
             0);
 }
 
+// Note [Graph capture] in cuda/device_api.h: the capture calls go to
+// cudaStreamIsCapturing and cudaThreadExchangeStreamCaptureMode with CUDA's
+// values; a table without them answers "not capturing" and keeps the mode.
+namespace fakecap {
+rt::StreamT capturing = reinterpret_cast<rt::StreamT>(uintptr_t{0xca0});
+int mode = 0;  // cudaStreamCaptureModeGlobal
+rt::Status isCapturing(rt::StreamT s, int* status) {
+  *status = s == capturing ? 1 : 0;  // cudaStreamCaptureStatusActive / None
+  return rt::kSuccess;
+}
+rt::Status exchange(int* m) {
+  std::swap(mode, *m);
+  return rt::kSuccess;
+}
+}  // namespace fakecap
+
+TEST(CudaRuntimeFake, CaptureCallsReachTheRuntime) {
+  rt::Runtime r = fake::table();
+  {
+    std::unique_ptr<DeviceApi> d = cudaRuntimeOver(r);
+    EXPECT_FALSE(d->streamIsCapturing(fakecap::capturing));
+    EXPECT_EQ(d->exchangeCaptureMode(DeviceApi::CaptureMode::kRelaxed),
+              DeviceApi::CaptureMode::kRelaxed);
+  }
+  r.f.streamIsCapturing = fakecap::isCapturing;
+  r.f.threadExchangeStreamCaptureMode = fakecap::exchange;
+  std::unique_ptr<DeviceApi> d = cudaRuntimeOver(r);
+  EXPECT_TRUE(d->streamIsCapturing(fakecap::capturing));
+  EXPECT_FALSE(d->streamIsCapturing(nullptr));
+  {
+    RelaxedCaptureMode relaxed(*d);
+    EXPECT_EQ(fakecap::mode, 2);  // cudaStreamCaptureModeRelaxed
+  }
+  EXPECT_EQ(fakecap::mode, 0);  // back to global
+}
+
 }  // namespace
 }  // namespace cuda
 }  // namespace braid

@@ -12,6 +12,7 @@
 #include <cstdint>
 #include <cstring>
 #include <fstream>
+#include <functional>
 #include <future>
 #include <mutex>
 #include <stdexcept>
@@ -74,6 +75,117 @@ TEST(CudaSim, Identity) {
   EXPECT_EQ(dev().deviceUuid(1), "sim-" + boot + "-1");
   EXPECT_THROW(dev().deviceUuid(2), Error);
   EXPECT_EQ(&simulatedDevice(7), &dev());  // the first call fixed the count
+}
+
+// Note [Simulated graph capture] in sim/device/sim_device.h: what each mode
+// prohibits, on which threads, and that a prohibited call invalidates the capture.
+using Mode = DeviceApi::CaptureMode;
+
+// Runs `fn` on a fresh thread (mode kGlobal, as CUDA starts every thread);
+// returns the error it threw, or "".
+std::string onOtherThread(const std::function<void()>& fn) {
+  std::string err;
+  std::thread([&] {
+    try {
+      fn();
+    } catch (const std::exception& e) {
+      err = e.what();
+    }
+  }).join();
+  return err;
+}
+
+std::string endError(Stream s, size_t* tasks = nullptr) {
+  try {
+    size_t n = dev().endCapture(s);
+    if (tasks) *tasks = n;
+  } catch (const std::exception& e) {
+    return e.what();
+  }
+  return "";
+}
+
+TEST(CudaSimCapture, RecordsTasksInsteadOfRunningThem) {
+  StreamHolder s;
+  std::atomic<int> ran{0};
+  dev().beginCapture(s.s, Mode::kGlobal);
+  EXPECT_TRUE(dev().streamIsCapturing(s.s));
+  dev().launchHostFunc(s.s, [&] { ran++; });
+  dev().launchHostFunc(s.s, [&] { ran++; });
+  size_t tasks = 99;
+  EXPECT_EQ(endError(s.s, &tasks), "");
+  EXPECT_EQ(tasks, 2u);
+  EXPECT_FALSE(dev().streamIsCapturing(s.s));
+  dev().streamSynchronize(s.s);
+  EXPECT_EQ(ran.load(), 0);  // captured, never run
+  dev().launchHostFunc(s.s, [&] { ran++; });
+  dev().streamSynchronize(s.s);
+  EXPECT_EQ(ran.load(), 1);
+}
+
+TEST(CudaSimCapture, GlobalModeProhibitsQueriesOnOtherThreads) {
+  // The deliberately wrong use: a query on another thread, in global mode.
+  StreamHolder s, other;
+  EventHolder e;
+  dev().beginCapture(s.s, Mode::kGlobal);
+  const std::string err = onOtherThread([&] { dev().eventQuery(e.e); });
+  EXPECT_NE(err.find("eventQuery is prohibited while a CUDA graph is captured"),
+            std::string::npos) << err;
+  EXPECT_NE(err.find("(global mode)"), std::string::npos) << err;
+  const std::string end = endError(s.s);
+  EXPECT_NE(end.find("invalidated by eventQuery on another thread "
+                     "(cudaErrorStreamCaptureInvalidated)"),
+            std::string::npos) << end;
+  // Each prohibited call does the same.
+  for (const char* call : {"streamQuery", "streamSynchronize", "hostAlloc", "deviceAlloc"}) {
+    dev().beginCapture(s.s, Mode::kGlobal);
+    const std::string what = call;
+    const std::string err2 = onOtherThread([&] {
+      if (what == "streamQuery") dev().streamQuery(other.s);
+      if (what == "streamSynchronize") dev().streamSynchronize(other.s);
+      if (what == "hostAlloc") dev().hostFree(dev().hostAlloc(64));
+      if (what == "deviceAlloc") dev().deviceFree(dev().deviceAlloc(0, 64));
+    });
+    EXPECT_NE(err2.find(what + " is prohibited"), std::string::npos) << err2;
+    EXPECT_NE(endError(s.s).find("invalidated by " + what), std::string::npos) << what;
+  }
+}
+
+TEST(CudaSimCapture, GlobalModeAllowsARelaxedThread) {
+  StreamHolder s, other;
+  EventHolder e;
+  dev().beginCapture(s.s, Mode::kGlobal);
+  const std::string err = onOtherThread([&] {
+    EXPECT_EQ(dev().exchangeCaptureMode(Mode::kRelaxed), Mode::kGlobal);
+    dev().eventQuery(e.e);
+    dev().streamQuery(other.s);
+    dev().hostFree(dev().hostAlloc(64));
+    EXPECT_EQ(dev().exchangeCaptureMode(Mode::kGlobal), Mode::kRelaxed);
+  });
+  EXPECT_EQ(err, "");
+  EXPECT_EQ(endError(s.s), "");
+}
+
+TEST(CudaSimCapture, ThreadLocalModeProhibitsOnlyTheCapturingThread) {
+  StreamHolder s;
+  EventHolder e;
+  dev().beginCapture(s.s, Mode::kThreadLocal);
+  EXPECT_EQ(onOtherThread([&] { dev().eventQuery(e.e); }), "");
+  EXPECT_EQ(endError(s.s), "");
+  dev().beginCapture(s.s, Mode::kThreadLocal);
+  EXPECT_THROW(dev().eventQuery(e.e), Error);
+  EXPECT_NE(endError(s.s).find("invalidated by eventQuery on the capturing thread"),
+            std::string::npos);
+}
+
+TEST(CudaSimCapture, RelaxedModeProhibitsNothing) {
+  StreamHolder s;
+  EventHolder e;
+  dev().beginCapture(s.s, Mode::kRelaxed);
+  EXPECT_EQ(onOtherThread([&] { dev().eventQuery(e.e); }), "");
+  dev().eventQuery(e.e);
+  dev().hostFree(dev().hostAlloc(64));
+  EXPECT_EQ(endError(s.s), "");
 }
 
 TEST(CudaSim, SetDeviceIsPerThread) {

@@ -2,6 +2,8 @@
 
 #include <c10/core/impl/VirtualGuardImpl.h>
 
+#include <dlfcn.h>
+
 #include <thread>
 
 #include "common/error.h"
@@ -23,6 +25,7 @@ BRAID_SETTING_INT(kStagingBytes, "BRAID_CUDA_STAGING_BYTES", int64_t{1} << 30,
 namespace {
 std::atomic<cuda::DeviceApi*> gTestingDevice{nullptr};
 std::atomic<cuda::NcclApi*> gTestingNccl{nullptr};
+std::atomic<StreamResolver> gTestingStreams{nullptr};
 
 size_t roundUp(size_t bytes) {
   size_t cap = 4096;
@@ -47,6 +50,58 @@ void setDeviceApiForTesting(cuda::DeviceApi* api) {
 
 void setNcclApiForTesting(cuda::NcclApi* nccl) {
   gTestingNccl.store(nccl, std::memory_order_release);
+}
+
+void setStreamResolverForTesting(StreamResolver resolve) {
+  gTestingStreams.store(resolve, std::memory_order_release);
+}
+
+// Note [Graph capture in the front end]
+// A collective issued while the caller's current stream captures a CUDA
+// graph would record braid's ready event into the graph and pull the comm
+// stream into it; the staged executor's host wait and the NCCL watchdog's
+// query of that event would then fail (Note [Graph capture] in
+// cuda/device_api.h). braid does not support capture yet, so every executor
+// refuses such a collective here, at its first CUDA tensor, before it makes
+// a context, an event or a copy: the user's capture is left as it was, and
+// the group stays usable. The stream's handle: torch's
+// c10::cuda::CUDAStream::stream() (libc10_cuda, looked up at run time, since
+// braid links no CUDA library; a CUDAStream holds only its c10::Stream), or
+// the simulated device's resolver in tests. When neither answers, braid
+// cannot tell and does not refuse.
+namespace {
+cuda::Stream handleOf(cuda::DeviceApi& api, const c10::Stream& s, bool* known) {
+  *known = false;
+  if (&api == gTestingDevice.load(std::memory_order_acquire)) {
+    StreamResolver r = gTestingStreams.load(std::memory_order_acquire);
+    if (!r) return nullptr;
+    *known = true;
+    return r(s.device_index(), s.id());
+  }
+  using StreamFn = void* (*)(const void* cudaStream);
+  static StreamFn fn = []() -> StreamFn {
+    void* lib = dlopen("libc10_cuda.so", RTLD_NOW | RTLD_NOLOAD);
+    if (!lib) return nullptr;
+    // c10::cuda::CUDAStream::stream() const
+    return reinterpret_cast<StreamFn>(dlsym(lib, "_ZNK3c104cuda10CUDAStream6streamEv"));
+  }();
+  if (!fn) return nullptr;
+  *known = true;
+  return fn(&s);
+}
+}  // namespace
+
+void refuseIfCapturing(c10::Device device, const char* op, int rank) {
+  cuda::DeviceApi& api = cudaApi();
+  c10::impl::VirtualGuardImpl impl(c10::DeviceType::CUDA);
+  const c10::Stream current = impl.getStream(device);
+  bool known = false;
+  cuda::Stream raw = handleOf(api, current, &known);
+  if (!known) return;
+  BRAID_ENFORCE(!api.streamIsCapturing(raw), op, rank,
+                "the current stream is capturing a CUDA graph; braid's collectives cannot be "
+                "captured (issue them outside torch.cuda.graph, or on another stream). "
+                "Nothing was enqueued.");
 }
 
 namespace {
@@ -92,6 +147,7 @@ void* PinnedPool::acquire(size_t bytes, size_t* capacity) {
       return p;
     }
   }
+  cuda::RelaxedCaptureMode relaxed(api_);  // Note [Graph capture] in cuda/device_api.h
   return api_.hostAlloc(cap);
 }
 
@@ -136,7 +192,10 @@ CudaContext::~CudaContext() {
   // kept tensors and pinned blocks are dropped. After a sticky device error
   // the memory is the runtime's to reclaim.
   cuda::ignoreTeardownError("synchronizing the comm stream (CudaContext)", rank_,
-                            [&] { api_.streamSynchronize(comm_); });
+                            [&] {
+                              cuda::RelaxedCaptureMode relaxed(api_);
+                              api_.streamSynchronize(comm_);
+                            });
   {
     std::lock_guard<std::mutex> lock(retiredMu_);
     retired_.clear();
@@ -203,6 +262,7 @@ void CudaContext::retire(PooledEvent end, std::vector<at::Tensor> keep) {
 
 void CudaContext::reap() {
   std::deque<Retired> done;
+  cuda::RelaxedCaptureMode relaxed(api_);  // Note [Graph capture] in cuda/device_api.h
   {
     std::lock_guard<std::mutex> lock(retiredMu_);
     // Ops complete in stream order, so the first one not done ends the scan.
@@ -216,6 +276,7 @@ void CudaContext::reap() {
 
 void CudaContext::hostWait(void* ev, std::chrono::steady_clock::time_point deadline,
                            std::chrono::milliseconds timeout, const char* op) {
+  cuda::RelaxedCaptureMode relaxed(api_);  // Note [Graph capture] in cuda/device_api.h
   int spins = 0;
   auto nap = std::chrono::microseconds(5);
   while (!api_.eventQuery(ev)) {

@@ -42,6 +42,14 @@ void setDeviceApiForTesting(cuda::DeviceApi* api);
 // serves them (tests/sim/nccl/nccl_sim.h); without one they stage (the real
 // NCCL never runs on a device set for testing).
 void setNcclApiForTesting(cuda::NcclApi* nccl);
+// Tests only: how a torch stream of the device set for testing maps to its
+// DeviceApi handle (the simulated device's guard knows; null: unknown).
+using StreamResolver = cuda::Stream (*)(int device, int64_t streamId);
+void setStreamResolverForTesting(StreamResolver resolve);
+// Throws braid::Error naming `op` and `rank` when the calling thread's
+// current stream of `device` is capturing a CUDA graph (Note [Graph capture
+// in the front end] in cuda_context.cc). Enqueues nothing.
+void refuseIfCapturing(c10::Device device, const char* op, int rank);
 
 // What a group needs to choose and build its CUDA executor.
 struct CudaGroupInfo {

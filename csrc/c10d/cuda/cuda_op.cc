@@ -69,6 +69,9 @@ void OpScope::noteDevice(const at::Tensor& t, const char* op) {
                   t.sizes(), ", strides ", t.strides(), ")");
   }
   if (!device_) {
+    // Before the op makes anything (Note [Graph capture in the front end] in
+    // cuda_context.cc).
+    if (dev.is_cuda()) refuseIfCapturing(dev, op, rank_);
     device_ = dev;
     return;
   }

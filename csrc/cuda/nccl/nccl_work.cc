@@ -159,6 +159,8 @@ bool NcclExecutorState::poll(NcclWork& w) {
   bool finished = false;
   try {
     on.emplace(dev, w.device_);
+    // As ProcessGroupNCCL's watchdog: Note [Graph capture] in cuda/device_api.h.
+    RelaxedCaptureMode relaxed(dev);
     finished = dev.eventQuery(w.end_);
   } catch (const std::exception& e) {
     fail(FailKind::kError, strCat(w.what_, ": the device failed: ", e.what()), &w);

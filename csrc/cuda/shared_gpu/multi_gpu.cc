@@ -13,6 +13,7 @@
 #include "common/error.h"
 #include "common/logging.h"
 #include "common/settings.h"
+#include "cuda/on_device.h"
 #include "cuda/shared_gpu/same_gpu.h"
 
 namespace braid {
@@ -562,6 +563,7 @@ class Hier final : public NcclApi {
   NcclResult confirm(HierComm& c, Stream s, const char* what) {
     const auto deadline = std::chrono::steady_clock::now() + timeout_;
     auto sleep = std::chrono::microseconds(5);
+    RelaxedCaptureMode relaxed(dev_);  // Note [Graph capture] in cuda/device_api.h
     try {
       dev_.eventRecord(c.leadDone, s);
       for (;;) {
@@ -631,6 +633,7 @@ class Hier final : public NcclApi {
   // rather than being pulled from under a kernel.
   void releaseScratch(HierComm& c) {
     if (!c.scratch) return;
+    RelaxedCaptureMode relaxed(dev_);  // Note [Graph capture] in cuda/device_api.h
     bool idle = true;
     if (c.stream) {
       const auto until = std::chrono::steady_clock::now() + std::chrono::seconds(10);

@@ -11,6 +11,7 @@
 
 #include "common/error.h"
 #include "common/logging.h"
+#include "cuda/on_device.h"
 
 namespace braid {
 namespace cuda {
@@ -262,6 +263,7 @@ void Comm::close() {
   // and reductions after them): the stream drains before anything is
   // unmapped or freed. Bounded: past it, the memory stays mapped (a leak,
   // logged) rather than pulled from under a kernel.
+  RelaxedCaptureMode relaxed(dev_);  // Note [Graph capture] in cuda/device_api.h
   if (stream_) {
     const auto drain = std::chrono::steady_clock::now() + std::chrono::seconds(10);
     bool idle = false;

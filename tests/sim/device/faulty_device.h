@@ -101,6 +101,12 @@ class FaultyDevice final : public SimulatedDevice {
   void enqueueFree(Stream s, void* p) override { inner_.enqueueFree(s, p); }
   void deviceSynchronize(int device) override { inner_.deviceSynchronize(device); }
   std::vector<int> contexts() override { return inner_.contexts(); }
+  bool streamIsCapturing(Stream s) override { return inner_.streamIsCapturing(s); }
+  CaptureMode exchangeCaptureMode(CaptureMode mode) override {
+    return inner_.exchangeCaptureMode(mode);
+  }
+  void beginCapture(Stream s, CaptureMode mode) override { inner_.beginCapture(s, mode); }
+  size_t endCapture(Stream s) override { return inner_.endCapture(s); }
   void forgetContexts() override { inner_.forgetContexts(); }
   void setComputeCapability(int device, int cc) override { inner_.setComputeCapability(device, cc); }
   void setKernelImages(std::optional<KernelImages> images) override {

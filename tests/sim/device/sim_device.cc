@@ -23,6 +23,7 @@
 #include <memory>
 #include <mutex>
 #include <set>
+#include <thread>
 #include <unordered_map>
 #include <vector>
 
@@ -54,6 +55,19 @@ constexpr size_t kFreedFlagBytes = 64;
 std::atomic<uint32_t>* freedFlag(const transport::shm::SharedRegion& r) {
   return reinterpret_cast<std::atomic<uint32_t>*>(static_cast<char*>(r.data()) + r.size() -
                                                   kFreedFlagBytes);
+}
+
+// Per thread, as cudaThreadExchangeStreamCaptureMode (Note [Simulated graph
+// capture] in sim_device.h).
+thread_local DeviceApi::CaptureMode tCaptureMode = DeviceApi::CaptureMode::kGlobal;
+
+const char* modeName(DeviceApi::CaptureMode m) {
+  switch (m) {
+    case DeviceApi::CaptureMode::kGlobal: return "global";
+    case DeviceApi::CaptureMode::kThreadLocal: return "thread-local";
+    case DeviceApi::CaptureMode::kRelaxed: return "relaxed";
+  }
+  return "?";
 }
 
 std::string bootId() {
@@ -143,10 +157,12 @@ class SimDevice final : public SimulatedDevice {
 
   void streamSynchronize(Stream s) override {
     needContext();
+    checkCapture("streamSynchronize");
     stream("streamSynchronize", s)->synchronize();
   }
   void deviceSynchronize(int device) override {
     checkDevice("deviceSynchronize", device);
+    checkCapture("deviceSynchronize");
     std::vector<std::shared_ptr<SimStream>> all;
     {
       std::lock_guard<std::mutex> lk(mu_);
@@ -158,6 +174,7 @@ class SimDevice final : public SimulatedDevice {
   }
   bool streamQuery(Stream s) override {
     needContext();
+    checkCapture("streamQuery");
     return stream("streamQuery", s)->query();
   }
 
@@ -218,6 +235,7 @@ class SimDevice final : public SimulatedDevice {
 
   bool eventQuery(Event handle) override {
     needContext();
+    checkCapture("eventQuery");
     if (auto ipc = ipcEvent(handle)) return ipc->query();
     auto e = event("eventQuery", handle);
     if (!e->done(e->latest())) return false;
@@ -227,6 +245,7 @@ class SimDevice final : public SimulatedDevice {
 
   void eventSynchronize(Event handle) override {
     needContext();
+    checkCapture("eventSynchronize");
     if (auto ipc = ipcEvent(handle)) return ipc->synchronize();
     auto e = event("eventSynchronize", handle);
     e->waitFor(e->latest());
@@ -251,6 +270,7 @@ class SimDevice final : public SimulatedDevice {
 
   void* hostAlloc(size_t bytes) override {
     needContext();
+    checkCapture("hostAlloc");
     return allocate("hostAlloc", bytes, -1);
   }
   void hostFree(void* p) override {
@@ -259,11 +279,13 @@ class SimDevice final : public SimulatedDevice {
   }
   void* deviceAlloc(int device, size_t bytes) override {
     checkDevice("deviceAlloc", device);
+    checkCapture("deviceAlloc");
     onDeviceCall(device);
     return allocate("deviceAlloc", bytes, device);
   }
   void deviceFree(void* p) override {
     needContext();
+    checkCapture("deviceFree");
     freeDevice(p);
   }
   void freeDevice(void* p) {
@@ -389,6 +411,53 @@ class SimDevice final : public SimulatedDevice {
     arch_.checkLaunch(reduceKernelName(type, op), s->device());
     s->enqueue(strCat("reduceAsync(", toString(type), ", ", toString(op), ", count=", count, ")"),
                [type, op, dst, src, count] { hostReduce(type, op, dst, src, count); });
+  }
+
+  bool streamIsCapturing(Stream sh) override {
+    needContext();
+    auto s = stream("streamIsCapturing", sh);
+    std::lock_guard<std::mutex> lk(captureMu_);
+    return captures_.count(s.get()) > 0;
+  }
+  CaptureMode exchangeCaptureMode(CaptureMode mode) override {
+    const CaptureMode prev = tCaptureMode;
+    tCaptureMode = mode;
+    return prev;
+  }
+  void beginCapture(Stream sh, CaptureMode mode) override {
+    needContext();
+    auto s = stream("beginCapture", sh);
+    {
+      std::lock_guard<std::mutex> lk(captureMu_);
+      if (captures_.count(s.get())) {
+        throw Error(strCat("braid simulated device: beginCapture on ", s->label(),
+                           ", which is capturing already (cudaErrorIllegalState)"));
+      }
+      captures_[s.get()] = Capture{mode, std::this_thread::get_id(), ""};
+    }
+    s->beginCapture();
+  }
+  size_t endCapture(Stream sh) override {
+    needContext();
+    auto s = stream("endCapture", sh);
+    Capture c;
+    {
+      std::lock_guard<std::mutex> lk(captureMu_);
+      auto it = captures_.find(s.get());
+      if (it == captures_.end()) {
+        throw Error(strCat("braid simulated device: endCapture on ", s->label(),
+                           ", which is not capturing (cudaErrorIllegalState)"));
+      }
+      c = it->second;
+      captures_.erase(it);
+    }
+    const size_t n = s->endCapture();
+    if (!c.invalidatedBy.empty()) {
+      throw Error(strCat("braid simulated device: endCapture on ", s->label(),
+                         ": the capture (", modeName(c.mode), " mode) was invalidated by ",
+                         c.invalidatedBy, " (cudaErrorStreamCaptureInvalidated)"));
+    }
+    return n;
   }
 
   void setStreamDelay(Stream sh, std::chrono::microseconds delay) override {
@@ -579,6 +648,35 @@ class SimDevice final : public SimulatedDevice {
   const int devices_;
   const std::string bootId_;
   sim::SimArch arch_;
+  // Note [Simulated graph capture] in sim_device.h: a prohibited call on
+  // this thread invalidates every capture it is prohibited under, and throws.
+  void checkCapture(const char* call) {
+    std::lock_guard<std::mutex> lk(captureMu_);
+    const auto self = std::this_thread::get_id();
+    std::string hit;
+    for (auto& [stream, c] : captures_) {
+      const bool prohibited =
+          (c.mode == CaptureMode::kGlobal && tCaptureMode != CaptureMode::kRelaxed) ||
+          (c.mode == CaptureMode::kThreadLocal && c.thread == self);
+      if (!prohibited) continue;
+      if (c.invalidatedBy.empty()) c.invalidatedBy = strCat(call, " on another thread");
+      if (c.thread == self) c.invalidatedBy = strCat(call, " on the capturing thread");
+      if (hit.empty()) hit = strCat(stream->label(), " (", modeName(c.mode), " mode)");
+    }
+    if (!hit.empty()) {
+      throw Error(strCat("braid simulated device: ", call,
+                         " is prohibited while a CUDA graph is captured on ", hit,
+                         "; the capture is invalidated (cudaErrorStreamCaptureUnsupported)"));
+    }
+  }
+  struct Capture {
+    CaptureMode mode = CaptureMode::kGlobal;
+    std::thread::id thread;
+    std::string invalidatedBy;  // the first prohibited call; "" while valid
+  };
+  std::mutex captureMu_;
+  std::unordered_map<SimStream*, Capture> captures_;
+
   std::mutex mu_;  // the registries below
   std::unordered_map<void*, std::shared_ptr<SimStream>> streams_;
   std::unordered_map<void*, std::shared_ptr<SimEvent>> events_;

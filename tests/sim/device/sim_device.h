@@ -38,6 +38,21 @@ class SimulatedDevice : public DeviceApi {
   // stream's error.
   virtual void deviceSynchronize(int device) = 0;
 
+  // Note [Simulated graph capture]
+  // CUDA graph capture with CUDA's three modes (Note [Graph capture] in
+  // csrc/cuda/device_api.h). beginCapture(s, mode) starts capturing on `s`
+  // from the calling thread: tasks enqueued on `s` are recorded, not run,
+  // and streamIsCapturing(s) is true. While it lasts, eventQuery,
+  // streamQuery, streamSynchronize, eventSynchronize, hostAlloc, deviceAlloc
+  // and deviceFree are prohibited: in kGlobal mode on every thread whose own
+  // mode (exchangeCaptureMode) is not kRelaxed, in kThreadLocal mode on the
+  // capturing thread only, in kRelaxed mode nowhere. A prohibited call
+  // throws (cudaErrorStreamCaptureUnsupported) and invalidates the capture;
+  // endCapture then throws too (cudaErrorStreamCaptureInvalidated). It
+  // returns how many tasks the graph holds (they are dropped: no replay).
+  virtual void beginCapture(Stream s, CaptureMode mode) = 0;
+  virtual size_t endCapture(Stream s) = 0;
+
   // Note [Simulated contexts]
   // The device keeps CUDA 12+'s rules for contexts (Note [A current device
   // per thread] in csrc/cuda/on_device.h): a current device per thread, none

@@ -21,9 +21,32 @@ void SimStream::enqueue(std::string what, std::function<void()> fn, bool work) {
     throw Error(strCat("braid simulated device: ", what, " on ", label_,
                        ", which was destroyed"));
   }
+  if (capturing_) {
+    captured_.push_back(Task{std::move(what), std::move(fn), work, delay_});
+    return;
+  }
   queue_.push_back(Task{std::move(what), std::move(fn), work, delay_});
   ++enqueued_;
   wake_.notify_one();
+}
+
+void SimStream::beginCapture() {
+  std::lock_guard<std::mutex> lk(mu_);
+  capturing_ = true;
+  captured_.clear();
+}
+
+size_t SimStream::endCapture() {
+  std::lock_guard<std::mutex> lk(mu_);
+  capturing_ = false;
+  const size_t n = captured_.size();
+  captured_.clear();
+  return n;
+}
+
+bool SimStream::capturing() {
+  std::lock_guard<std::mutex> lk(mu_);
+  return capturing_;
 }
 
 void SimStream::throwIfFailedLocked() {

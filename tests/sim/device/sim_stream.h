@@ -32,6 +32,7 @@
 #include <set>
 #include <string>
 #include <thread>
+#include <vector>
 
 namespace braid {
 namespace cuda {
@@ -58,6 +59,12 @@ class SimStream {
   // true when every task enqueued so far has run; throws the sticky error
   // once it has.
   bool query();
+  // Graph capture (Note [Simulated graph capture] in sim_device.h): while
+  // capturing, enqueue records a task instead of running it; endCapture
+  // returns how many were recorded.
+  void beginCapture();
+  size_t endCapture();
+  bool capturing();
   // Every task enqueued from now on first sleeps for `delay`.
   void setDelay(std::chrono::microseconds delay);
   // The sticky error's text, or "" while the stream has not failed.
@@ -86,6 +93,8 @@ class SimStream {
   uint64_t enqueued_ = 0;  // tasks ever enqueued
   uint64_t done_ = 0;      // tasks finished (or skipped)
   bool stop_ = false;
+  bool capturing_ = false;
+  std::vector<Task> captured_;
   std::chrono::microseconds delay_{0};
   std::string error_;
   std::thread thread_;  // after the members run() uses: it starts in the constructor

@@ -238,6 +238,12 @@ at::Tensor read(const at::Tensor& t) {
   return out;
 }
 
+cuda::Stream streamOf(int device, int64_t streamId) {
+  Guard& g = guard();
+  return g.stream(c10::Stream(c10::Stream::UNSAFE, c10::Device(c10::DeviceType::CUDA, device),
+                              streamId));
+}
+
 void delayCurrentStream(int device, std::chrono::microseconds delay) {
   sim::device().setStreamDelay(currentStream(device), delay);
 }

@@ -40,6 +40,9 @@ void installAcceleratorHooks();
 
 // The simulated stream behind the current c10 stream of `device`.
 cuda::Stream currentStream(int device);
+// The handle of torch's stream `streamId` of `device` (for
+// setStreamResolverForTesting in csrc/c10d/cuda/cuda_context.h).
+cuda::Stream streamOf(int device, int64_t streamId);
 
 // A "CUDA" tensor over simulated device memory, zero-filled.
 // With `strides` (non-empty), a strided view over enough memory for them.

@@ -58,7 +58,11 @@ braid::cuda::FaultyNccl& faultyNccl() {
 PYBIND11_MODULE(_C, m) {
   m.doc() = "Test-only: braid's simulated CUDA device and NCCL (never shipped).";
   m.def(
-      "install", [](int devices) { braid::sim::install(devices, hooks().setDeviceApi); },
+      "install",
+      [](int devices) {
+        braid::sim::install(devices, hooks().setDeviceApi);
+        hooks().setStreamResolver(&braid::sim::streamOf);
+      },
       py::arg("devices") = 2,
       "Serve CUDA tensors with braid's simulated device, on a torch without CUDA.");
   m.def(
@@ -88,6 +92,32 @@ PYBIND11_MODULE(_C, m) {
   m.def(
       "forget_contexts", [] { braid::sim::device().forgetContexts(); },
       "Tests only: as if this process held no context yet.");
+  // Note [Simulated graph capture] in tests/sim/device/sim_device.h.
+  m.def(
+      "begin_capture",
+      [](int device, const std::string& mode) {
+        using M = braid::cuda::DeviceApi::CaptureMode;
+        M m = mode == "global"         ? M::kGlobal
+              : mode == "thread_local" ? M::kThreadLocal
+              : mode == "relaxed"      ? M::kRelaxed
+                                       : throw std::invalid_argument(
+                                             "capture mode: global, thread_local or relaxed");
+        braid::sim::device().beginCapture(braid::sim::currentStream(device), m);
+      },
+      py::arg("device"), py::arg("mode") = "global",
+      "Starts capturing a CUDA graph on the device's current stream, from this thread.");
+  m.def(
+      "end_capture",
+      [](int device) { return braid::sim::device().endCapture(braid::sim::currentStream(device)); },
+      py::arg("device"),
+      "Ends the capture on the device's current stream: the number of tasks captured; raises "
+      "when a prohibited call invalidated it.");
+  m.def(
+      "is_current_stream_capturing",
+      [](int device) {
+        return braid::sim::device().streamIsCapturing(braid::sim::currentStream(device));
+      },
+      py::arg("device"));
   m.def(
       "set_thread_process", [](int id) { braid::cuda::sim::setThreadProcess(id); },
       py::arg("id"),

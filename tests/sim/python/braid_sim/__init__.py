@@ -14,9 +14,9 @@ import torch_braid  # noqa: F401  (loads torch_braid._C, whose testing hooks _C 
 
 from . import _C
 from ._C import (  # noqa: F401
-    compute_capability, contexts, delay_comm_stream, delay_current_stream, empty, forget_contexts,
-    kernel_load_error, nccl_install, read, set_compute_capability, set_kernel_images, set_thread_process,
-    synchronize, write)
+    begin_capture, compute_capability, contexts, delay_comm_stream, delay_current_stream, empty,
+    end_capture, forget_contexts, is_current_stream_capturing, kernel_load_error, nccl_install,
+    read, set_compute_capability, set_kernel_images, set_thread_process, synchronize, write)
 # Note [Injected device failures] in tests/sim/device/faulty_device.h.
 from ._C import (clear_device_faults, device_calls, device_failures, faults_install,  # noqa: F401
                  inject_device_fault)
